@@ -1,0 +1,1 @@
+"""mesh: the command-line client."""

@@ -1,0 +1,1 @@
+"""meshsched: a scheduler for deep-learning training on clusters of GPU servers."""

@@ -1,0 +1,328 @@
+"""The engine: the only code that changes the cluster state. `handle(event, now) -> actions`.
+
+One small handler per event type; after each event the policy gets one scheduling pass and every
+decision is recorded, with its stimulus and reason, in a bounded log (what `mesh explain` prints).
+Nothing here reads a clock or does I/O: `now` is passed in.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from meshsched import events as ev
+from meshsched.actions import Action, Kill, Launch, Preempt, ScheduleTimer
+from meshsched.estimate import StepTimeEstimator
+from meshsched.policies.base import ClusterView, Evict, SchedulingPolicy, Start, Trigger, Wait
+from meshsched.state import ClusterState, Job, JobState
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    time: float
+    stimulus_id: str
+    job_id: str
+    message: str
+
+
+class Engine:
+    def __init__(
+        self,
+        policy: SchedulingPolicy,
+        estimator: StepTimeEstimator,
+        state: ClusterState | None = None,
+        *,
+        log_size: int = 100_000,
+    ) -> None:
+        self.policy = policy
+        self.estimator = estimator
+        self.state = state or ClusterState()
+        self.log: deque[LogEntry] = deque(maxlen=log_size)
+        self._queue: list[tuple[tuple, int, str]] = []  # sorted by (policy key, arrival seq)
+        self._qkey: dict[str, tuple[tuple, int]] = {}
+        self._queued_gpus: Counter[int] = Counter()
+        self._active: dict[str, Job] = {}  # jobs holding GPUs
+        self._seq = 0
+        self._timer_at: float | None = None
+        self._timer_key = 0
+        self._handlers: dict[type, Callable[[ev.Event, float, list[Action]], Trigger | None]] = {
+            ev.JobSubmitted: self._on_submitted,
+            ev.JobStarted: self._on_started,
+            ev.IterationReport: self._on_report,
+            ev.JobPaused: self._on_paused,
+            ev.JobFinished: self._on_finished,
+            ev.JobFailed: self._on_failed,
+            ev.CancelRequested: self._on_cancel,
+            ev.NodeJoined: self._on_node_joined,
+            ev.NodeLost: self._on_node_lost,
+            ev.Tick: self._on_tick,
+        }
+
+    # ---------------------------------------------------------------- entry point
+
+    def handle(self, event: ev.Event, now: float) -> list[Action]:
+        actions: list[Action] = []
+        trigger = self._handlers[type(event)](event, now, actions)
+        if trigger is not None:
+            self._schedule(trigger, now, event.stimulus_id, actions)
+        self._arm_timer(now, actions)
+        return actions
+
+    # ---------------------------------------------------------------- queries
+
+    def view(self) -> ClusterView:
+        return ClusterView(self.state, self._queue, self._active, self._queued_gpus)
+
+    def queued(self) -> Iterator[Job]:
+        return self.view().queue()
+
+    @property
+    def queue_length(self) -> int:
+        return len(self._queue)
+
+    def pending_reason(self, job_id: str) -> str:
+        """Slurm-style reason a queued job is not running: Unschedulable, Resources, Priority, or the policy's."""
+        job = self.state.jobs[job_id]
+        if not job.state.is_queued:
+            return ""
+        if job.spec.gpus > self.state.total_gpus:
+            return f"Unschedulable (needs {job.spec.gpus} GPUs, cluster has {self.state.total_gpus})"
+        if job.reason:
+            return job.reason
+        pos = bisect.bisect_left(self._queue, self._qkey[job_id])
+        ahead = any(self.state.jobs[j].spec.gpus <= self.state.total_gpus for _, _, j in self._queue[:pos])
+        return "Priority" if ahead else "Resources"
+
+    def explain(self, job_id: str) -> list[LogEntry]:
+        return [e for e in self.log if e.job_id == job_id]
+
+    # ---------------------------------------------------------------- handlers
+
+    def _on_submitted(self, e: ev.JobSubmitted, now: float, actions: list[Action]) -> Trigger | None:
+        spec = e.spec
+        if spec.job_id in self.state.jobs:
+            raise ValueError(f"job {spec.job_id} already exists")
+        job = Job(spec, ideal_step_time=self._ideal_step_time(spec), since=now, progress_time=now)
+        self.state.jobs[spec.job_id] = job
+        self._enqueue(job)
+        self._log(now, e.stimulus_id, job, f"submitted: {spec.gpus} GPU(s), model {spec.model}")
+        return Trigger.ARRIVAL
+
+    def _on_started(self, e: ev.JobStarted, now: float, actions: list[Action]) -> Trigger | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or job.state is not JobState.LOADING:
+            return self._ignore(now, e, job)
+        job.transition(JobState.RUNNING, now)
+        job.progress_time = now
+        job.step_time = self.estimator.step_time(job.spec, self._gpu_type(job), self._shape(job.gpus))
+        self._log(now, e.stimulus_id, job, "loaded; training")
+        return None
+
+    def _on_report(self, e: ev.IterationReport, now: float, actions: list[Action]) -> Trigger | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or job.state is not JobState.RUNNING:
+            return None
+        job.done_iterations = min(float(job.spec.iterations), max(job.done_iterations, e.iterations))
+        job.progress_time = now
+        if e.step_time > 0:
+            job.step_time = e.step_time
+        return None
+
+    def _on_paused(self, e: ev.JobPaused, now: float, actions: list[Action]) -> Trigger | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or not job.state.holds_gpus:
+            return self._ignore(now, e, job)
+        done = min(float(job.spec.iterations), e.iterations)
+        job.done_iterations = job.checkpoint_iterations = done
+        job.progress_time = now
+        self._release(job)
+        if done >= job.spec.iterations:
+            self._complete(job, now, e.stimulus_id, "finished while pausing")
+        else:
+            job.transition(JobState.PREEMPTED, now)
+            self._enqueue(job)
+            self._log(now, e.stimulus_id, job, f"checkpointed at {done:.0f}/{job.spec.iterations}; requeued")
+        return Trigger.RELEASE
+
+    def _on_finished(self, e: ev.JobFinished, now: float, actions: list[Action]) -> Trigger | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or not job.state.holds_gpus:
+            return self._ignore(now, e, job)
+        job.done_iterations = job.checkpoint_iterations = float(job.spec.iterations)
+        self._release(job)
+        self._complete(job, now, e.stimulus_id, "completed")
+        return Trigger.RELEASE
+
+    def _on_failed(self, e: ev.JobFailed, now: float, actions: list[Action]) -> Trigger | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or job.state.is_terminal:
+            return self._ignore(now, e, job)
+        held = job.state.holds_gpus
+        if held:
+            self._release(job)
+        if e.requeue and held:
+            self._requeue_from_checkpoint(job, now, e.stimulus_id, f"requeued, not charged: {e.reason}")
+        else:
+            if job.state.is_queued:
+                self._dequeue(job)
+            job.transition(JobState.FAILED, now)
+            job.reason = e.reason
+            job.acct.finish_time = now
+            self._log(now, e.stimulus_id, job, f"failed: {e.reason}")
+        return Trigger.RELEASE if held else None
+
+    def _on_cancel(self, e: ev.CancelRequested, now: float, actions: list[Action]) -> Trigger | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or job.state.is_terminal:
+            return self._ignore(now, e, job)
+        held = job.state.holds_gpus
+        if held:
+            actions.append(Kill(job.job_id))
+            self._release(job)
+        else:
+            self._dequeue(job)
+        job.transition(JobState.CANCELLED, now)
+        job.reason = "cancelled"
+        job.acct.finish_time = now
+        self._log(now, e.stimulus_id, job, "cancelled")
+        return Trigger.RELEASE if held else None
+
+    def _on_node_joined(self, e: ev.NodeJoined, now: float, actions: list[Action]) -> Trigger | None:
+        self.state.add_node(e.node)
+        self._log(now, e.stimulus_id, None, f"node {e.node.name} joined: {e.node.gpus} x {e.node.gpu_type}")
+        return Trigger.RELEASE
+
+    def _on_node_lost(self, e: ev.NodeLost, now: float, actions: list[Action]) -> Trigger | None:
+        node = self.state.nodes.get(e.node)
+        if node is None or not node.alive:
+            return None
+        lost = set(node.gpus)
+        victims = [j for j in self._active.values() if lost.intersection(j.gpus)]
+        for job in victims:
+            actions.append(Kill(job.job_id))  # its workers on other nodes must stop too
+            self._release(job)
+            self._requeue_from_checkpoint(job, now, e.stimulus_id, f"node {e.node} lost")
+        node.alive = False
+        self.state.free_by_node[e.node] = 0
+        self._log(now, e.stimulus_id, None, f"node {e.node} lost; {len(victims)} job(s) requeued")
+        return Trigger.RELEASE
+
+    def _on_tick(self, e: ev.Tick, now: float, actions: list[Action]) -> Trigger | None:
+        if e.key != self._timer_key or self._timer_at is None:
+            return None  # superseded timer
+        self._timer_at = None
+        return Trigger.TICK
+
+    # ---------------------------------------------------------------- scheduling
+
+    def _schedule(self, trigger: Trigger, now: float, stimulus: str, actions: list[Action]) -> None:
+        jobs = self.state.jobs
+        for d in self.policy.schedule(self.view(), now, trigger):
+            job = jobs[d.job_id]
+            if isinstance(d, Start):
+                if not job.state.is_queued:
+                    raise ValueError(f"policy started {job.job_id} which is {job.state.value}")
+                self._dequeue(job)
+                job.transition(JobState.LOADING, now)
+                self.state.assign(job.job_id, d.gpus)
+                job.gpus = d.gpus
+                job.reason = ""
+                self._active[job.job_id] = job
+                if job.acct.first_start is None:
+                    job.acct.first_start = now
+                actions.append(Launch(job.job_id, d.gpus, job.checkpoint_iterations, job.restarts))
+                job.restarts += 1
+                self._log(now, stimulus, job, f"start on GPUs {_fmt_gpus(d.gpus)}: {d.reason}")
+            elif isinstance(d, Evict):
+                if job.state not in (JobState.RUNNING, JobState.LOADING):
+                    raise ValueError(f"policy evicted {job.job_id} which is {job.state.value}")
+                if job.state is JobState.LOADING:
+                    job.acct.futile_time += now - job.since
+                    job.acct.futile_preemptions += 1
+                job.done_iterations = job.iterations_at(now)
+                job.progress_time = now
+                job.transition(JobState.PAUSING, now)
+                job.acct.preemptions += 1
+                actions.append(Preempt(job.job_id))
+                self._log(now, stimulus, job, d.reason)
+            elif isinstance(d, Wait):
+                job.reason = d.reason
+
+    def _arm_timer(self, now: float, actions: list[Action]) -> None:
+        at = self.policy.next_timer(self.view(), now)
+        if at is None:
+            self._timer_at = None
+            return
+        at = max(at, now)
+        if at != self._timer_at:
+            self._timer_key += 1
+            self._timer_at = at
+            actions.append(ScheduleTimer(at, self._timer_key))
+
+    # ---------------------------------------------------------------- helpers
+
+    def _enqueue(self, job: Job) -> None:
+        self._seq += 1
+        key = (self.policy.queue_key(job), self._seq)
+        self._qkey[job.job_id] = key
+        bisect.insort(self._queue, (key[0], key[1], job.job_id))
+        self._queued_gpus[job.spec.gpus] += 1
+
+    def _dequeue(self, job: Job) -> None:
+        key, seq = self._qkey.pop(job.job_id)
+        i = bisect.bisect_left(self._queue, (key, seq))
+        del self._queue[i]
+        n = self._queued_gpus[job.spec.gpus] - 1
+        if n:
+            self._queued_gpus[job.spec.gpus] = n
+        else:
+            del self._queued_gpus[job.spec.gpus]
+
+    def _release(self, job: Job) -> None:
+        self.state.release(job.job_id, job.gpus)
+        job.gpus = ()
+        self._active.pop(job.job_id, None)
+
+    def _complete(self, job: Job, now: float, stimulus: str, message: str) -> None:
+        job.transition(JobState.COMPLETED, now)
+        job.acct.finish_time = now
+        job.reason = ""
+        self._log(now, stimulus, job, message)
+
+    def _requeue_from_checkpoint(self, job: Job, now: float, stimulus: str, why: str) -> None:
+        job.done_iterations = job.checkpoint_iterations
+        job.progress_time = now
+        job.transition(JobState.PREEMPTED, now)
+        self._enqueue(job)
+        self._log(now, stimulus, job, f"{why}; resumes from iteration {job.checkpoint_iterations:.0f}")
+
+    def _ignore(self, now: float, e: ev.Event, job: Job | None) -> None:
+        state = job.state.value if job else "unknown"
+        self._log(now, e.stimulus_id, job, f"ignored {type(e).__name__} (job is {state})")
+        return None
+
+    def _log(self, now: float, stimulus: str, job: Job | None, message: str) -> None:
+        self.log.append(LogEntry(now, stimulus, job.job_id if job else "", message))
+
+    def _gpu_type(self, job: Job) -> str:
+        return self.state.gpus[job.gpus[0]].gpu_type
+
+    def _shape(self, gpus: tuple[int, ...]) -> tuple[int, ...]:
+        per_node = Counter(self.state.gpus[g].node for g in gpus)
+        return tuple(sorted(per_node.values(), reverse=True))
+
+    def _ideal_step_time(self, spec) -> float:
+        nodes = [n for n in self.state.nodes.values() if n.alive]
+        if not nodes:
+            return self.estimator.step_time(spec, "", (spec.gpus,))
+        per_node = max(n.size for n in nodes)
+        gpu_type = self.state.gpus[nodes[0].gpus[0]].gpu_type
+        full, rest = divmod(spec.gpus, per_node)
+        placement = (per_node,) * full + ((rest,) if rest else ())
+        return self.estimator.step_time(spec, gpu_type, placement)
+
+
+def _fmt_gpus(gpus: tuple[int, ...]) -> str:
+    return ",".join(map(str, gpus)) if len(gpus) <= 8 else f"{gpus[0]}..{gpus[-1]} ({len(gpus)})"

@@ -1,0 +1,75 @@
+"""What happened: frozen event records the engine consumes. Each carries the stimulus_id it is logged under."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshsched.state import JobSpec, NodeSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    stimulus_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobSubmitted(Event):
+    spec: JobSpec
+
+
+@dataclass(frozen=True, slots=True)
+class JobStarted(Event):
+    """The job finished loading (process up, checkpoint restored) and began training."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class IterationReport(Event):
+    job_id: str
+    iterations: float  # optimizer steps done in total
+    step_time: float  # recent seconds per step
+
+
+@dataclass(frozen=True, slots=True)
+class JobPaused(Event):
+    """The job saved a checkpoint at `iterations` and gave back its GPUs."""
+
+    job_id: str
+    iterations: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinished(Event):
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobFailed(Event):
+    """The job died. `requeue` is for an innocent neighbour of a fault (same MPS server): no failure charged."""
+
+    job_id: str
+    reason: str
+    requeue: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested(Event):
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeJoined(Event):
+    node: NodeSpec
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLost(Event):
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tick(Event):
+    """A timer the engine asked for (ScheduleTimer) fired."""
+
+    key: int

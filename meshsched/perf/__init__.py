@@ -1,0 +1,9 @@
+"""How fast a job runs: the iteration-time model (Castor eq. 1-3), measured colocation interference,
+load/pause overheads and GPU memory, loaded from meshsched/profiles/ (see profiles/README.md)."""
+
+from meshsched.perf.errors import UnknownProfile
+from meshsched.perf.loader import load_perf_model
+from meshsched.perf.model import DEFAULT_GPU_TYPE, PerfModel
+from meshsched.perf.placement import ideal_placement
+
+__all__ = ["DEFAULT_GPU_TYPE", "PerfModel", "UnknownProfile", "ideal_placement", "load_perf_model"]

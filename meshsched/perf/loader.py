@@ -1,0 +1,37 @@
+"""Loading the profiles shipped in the meshsched.profiles package (package-relative, cached once)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+from typing import Any
+
+from meshsched.perf.model import PerfModel
+from meshsched.perf.schema import colocation_from_json, model_profiles_from_json, overheads_from_json
+
+
+def _read(entry: Traversable) -> Any:
+    return json.loads(entry.read_text(encoding="utf-8"))
+
+
+def perf_model_from(root: Traversable) -> PerfModel:
+    """Build a PerfModel from a folder of profile files (the package folder, or a freshly fitted one)."""
+    entries = sorted((e for e in root.iterdir() if e.name.endswith(".json")), key=lambda e: e.name)
+    profiles, pairs = [], []
+    for e in entries:
+        if e.name.startswith("iteration_"):
+            profiles.extend(model_profiles_from_json(_read(e)))
+        elif e.name.startswith("colocation_"):
+            doc = _read(e)
+            pairs.extend((doc["gpu_type"], p) for p in colocation_from_json(doc))
+    overheads = overheads_from_json(_read(root / "overheads.json"))
+    memory = {gpu: int(v["memory_mb"]) for gpu, v in _read(root / "gpus.json")["gpus"].items()}
+    return PerfModel(profiles, pairs, overheads, memory)
+
+
+@cache
+def load_perf_model() -> PerfModel:
+    """The PerfModel of the profiles installed with meshsched (read once per process)."""
+    return perf_model_from(files("meshsched.profiles"))

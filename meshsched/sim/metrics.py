@@ -1,0 +1,123 @@
+"""What a replay achieved: JCT percentiles, queueing, makespan, Lazer's L/P and futile time, utilisation, deadlines."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from meshsched.sim.loop import SimResult
+from meshsched.state import Job, JobState
+
+
+@dataclass(frozen=True)
+class Summary:
+    policy: str
+    jobs: int
+    completed: int
+    unschedulable: int  # larger than the cluster: never started, reported, not dropped
+    unfinished: int  # neither completed nor unschedulable (should be 0 at the end of a replay)
+    jct_mean_h: float
+    jct_p50_h: float
+    jct_p95_h: float
+    jct_p99_h: float
+    wait_mean_h: float
+    wait_p50_h: float
+    wait_p95_h: float
+    makespan_h: float
+    load_gpu_h: float  # L: GPU-hours spent loading
+    pause_gpu_h: float  # P: GPU-hours spent saving checkpoints
+    futile_gpu_h: float  # GPU-hours of loads thrown away by preemption (Lazer Eq. 2)
+    futile_preemptions: int
+    preemptions: int
+    gpu_utilisation: float  # training GPU-time / (cluster GPUs x makespan)
+    deadline_met: float  # fraction of jobs with a deadline that completed by it
+    events: int
+
+
+def summarise(result: SimResult, policy: str) -> Summary:
+    jobs = list(result.engine.state.jobs.values())
+    total = result.cluster.total_gpus
+    done = [j for j in jobs if j.state is JobState.COMPLETED]
+    unsched = sum(1 for j in jobs if j.state.is_queued and j.spec.gpus > total)
+    jct = np.array([j.acct.finish_time - j.spec.submit_time for j in done]) / 3600.0
+    wait = np.array([j.acct.wait_time for j in done]) / 3600.0
+    first = min((j.spec.submit_time for j in jobs), default=0.0)
+    last = max((j.acct.finish_time for j in done), default=first)
+    makespan = last - first
+    gpu_h = lambda attr: sum(getattr(j.acct, attr) * j.spec.gpus for j in jobs) / 3600.0  # noqa: E731
+    with_deadline = [j for j in jobs if j.spec.deadline is not None and not (j.state.is_queued and j.spec.gpus > total)]
+    met = sum(1 for j in with_deadline if j.state is JobState.COMPLETED and j.acct.finish_time <= j.spec.deadline + 1e-9)
+
+    def pct(a: np.ndarray, q: float) -> float:
+        return float(np.percentile(a, q)) if a.size else float("nan")
+
+    return Summary(
+        policy=policy,
+        jobs=len(jobs),
+        completed=len(done),
+        unschedulable=unsched,
+        unfinished=len(jobs) - len(done) - unsched - sum(1 for j in jobs if j.state in (JobState.FAILED, JobState.CANCELLED)),
+        jct_mean_h=float(jct.mean()) if jct.size else float("nan"),
+        jct_p50_h=pct(jct, 50),
+        jct_p95_h=pct(jct, 95),
+        jct_p99_h=pct(jct, 99),
+        wait_mean_h=float(wait.mean()) if wait.size else float("nan"),
+        wait_p50_h=pct(wait, 50),
+        wait_p95_h=pct(wait, 95),
+        makespan_h=makespan / 3600.0,
+        load_gpu_h=gpu_h("load_time"),
+        pause_gpu_h=gpu_h("pause_time"),
+        futile_gpu_h=gpu_h("futile_time"),
+        futile_preemptions=sum(j.acct.futile_preemptions for j in jobs),
+        preemptions=sum(j.acct.preemptions for j in jobs),
+        gpu_utilisation=(gpu_h("run_time") * 3600.0 / (total * makespan)) if makespan > 0 else 0.0,
+        deadline_met=(met / len(with_deadline)) if with_deadline else float("nan"),
+        events=result.events,
+    )
+
+
+JOB_COLUMNS = (
+    "job_id", "state", "gpus", "model", "batch_size", "iterations", "submit_time", "first_start",
+    "finish_time", "jct", "wait_time", "load_time", "run_time", "pause_time", "futile_time",
+    "preemptions", "deadline", "deadline_met",
+)  # fmt: skip
+
+
+def job_row(job: Job) -> dict[str, object]:
+    a, s = job.acct, job.spec
+    finished = job.state is JobState.COMPLETED
+    return {
+        "job_id": s.job_id,
+        "state": job.state.value,
+        "gpus": s.gpus,
+        "model": s.model,
+        "batch_size": s.batch_size,
+        "iterations": s.iterations,
+        "submit_time": round(s.submit_time, 3),
+        "first_start": "" if a.first_start is None else round(a.first_start, 3),
+        "finish_time": "" if a.finish_time is None else round(a.finish_time, 3),
+        "jct": round(a.finish_time - s.submit_time, 3) if finished else "",
+        "wait_time": round(a.wait_time, 3),
+        "load_time": round(a.load_time, 3),
+        "run_time": round(a.run_time, 3),
+        "pause_time": round(a.pause_time, 3),
+        "futile_time": round(a.futile_time, 3),
+        "preemptions": a.preemptions,
+        "deadline": "" if s.deadline is None else round(s.deadline, 3),
+        "deadline_met": "" if s.deadline is None else int(finished and a.finish_time <= s.deadline + 1e-9),
+    }
+
+
+def write_jobs_csv(result: SimResult, path: Path) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=JOB_COLUMNS)
+        w.writeheader()
+        for job in result.engine.state.jobs.values():
+            w.writerow(job_row(job))
+
+
+def summary_dict(s: Summary) -> dict[str, object]:
+    return {k: (None if isinstance(v, float) and v != v else v) for k, v in asdict(s).items()}

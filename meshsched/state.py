@@ -1,0 +1,285 @@
+"""The nouns of the scheduler: job specs, jobs and their lifecycle, GPUs, nodes, and the cluster.
+
+Everything here is plain data plus the invariants that tie it together (`ClusterState.validate`).
+Only the engine mutates these objects; policies read them through `ClusterView`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class InvalidTransition(Exception):
+    """A job was asked to move between states its lifecycle does not connect."""
+
+
+class JobState(enum.Enum):
+    PENDING = "PENDING"  # waiting for its first start
+    LOADING = "LOADING"  # GPUs allocated, process starting / restoring its checkpoint
+    RUNNING = "RUNNING"  # training
+    PAUSING = "PAUSING"  # saving a checkpoint before giving its GPUs back
+    PREEMPTED = "PREEMPTED"  # queued again after a preemption or a lost node
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @property
+    def is_queued(self) -> bool:
+        return self in _QUEUED
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self in _HOLDING
+
+
+_TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+_QUEUED = frozenset({JobState.PENDING, JobState.PREEMPTED})
+_HOLDING = frozenset({JobState.LOADING, JobState.RUNNING, JobState.PAUSING})
+
+_ALLOWED: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.LOADING, JobState.CANCELLED, JobState.FAILED}),
+    JobState.LOADING: frozenset(
+        {JobState.RUNNING, JobState.PAUSING, JobState.PREEMPTED, JobState.FAILED, JobState.CANCELLED}
+    ),
+    JobState.RUNNING: frozenset(
+        {JobState.PAUSING, JobState.PREEMPTED, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}
+    ),
+    JobState.PAUSING: frozenset(
+        {JobState.PREEMPTED, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}
+    ),
+    JobState.PREEMPTED: frozenset({JobState.LOADING, JobState.CANCELLED, JobState.FAILED}),
+    JobState.COMPLETED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What a user asked for. Immutable; times are on the caller's clock (seconds)."""
+
+    job_id: str
+    gpus: int
+    model: str
+    batch_size: int  # global batch per optimizer step; never changed by the scheduler
+    iterations: int
+    submit_time: float = 0.0
+    name: str = ""
+    user: str = "nobody"
+    tenant: str = "default"
+    deadline: float | None = None  # absolute time on the same clock as submit_time
+    guaranteed: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.job_id:
+            raise ValueError("job_id must not be empty")
+        if self.gpus < 1:
+            raise ValueError(f"job {self.job_id}: gpus must be >= 1, got {self.gpus}")
+        if self.batch_size < 1:
+            raise ValueError(f"job {self.job_id}: batch_size must be >= 1, got {self.batch_size}")
+        if self.iterations < 1:
+            raise ValueError(f"job {self.job_id}: iterations must be >= 1, got {self.iterations}")
+
+
+@dataclass(slots=True)
+class JobAccounting:
+    """Where a job's time went (Lazer Eq. 1: JCT = W + L + T + P) and what it cost."""
+
+    first_start: float | None = None
+    finish_time: float | None = None
+    wait_time: float = 0.0  # W: queued (PENDING or PREEMPTED)
+    load_time: float = 0.0  # L: LOADING
+    run_time: float = 0.0  # T: RUNNING
+    pause_time: float = 0.0  # P: PAUSING
+    futile_time: float = 0.0  # load time thrown away by a preemption during LOADING (Lazer Eq. 2)
+    futile_preemptions: int = 0
+    preemptions: int = 0
+    attained_gpu_time: float = 0.0  # GPU-seconds of training received (Tiresias' attained service)
+
+
+@dataclass(slots=True)
+class Job:
+    """A job and where it stands. Only `Engine` changes it."""
+
+    spec: JobSpec
+    ideal_step_time: float  # seconds per iteration alone on its best placement (perf model estimate)
+    state: JobState = JobState.PENDING
+    gpus: tuple[int, ...] = ()  # global GPU indices held while LOADING/RUNNING/PAUSING
+    since: float = 0.0  # when the current state began
+    done_iterations: float = 0.0  # at `progress_time`, as last known (checkpoint or report)
+    checkpoint_iterations: float = 0.0  # progress a restart resumes from
+    progress_time: float = 0.0
+    step_time: float = 0.0  # current estimate of seconds per iteration while RUNNING
+    restarts: int = 0
+    reason: str = ""  # pending reason (Slurm-style) or end reason
+    acct: JobAccounting = field(default_factory=JobAccounting)
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    def transition(self, new: JobState, now: float) -> None:
+        """Move to `new`, charging the time spent in the old state to the job's accounting."""
+        old = self.state
+        if new not in _ALLOWED[old]:
+            raise InvalidTransition(f"job {self.job_id}: {old.value} -> {new.value} is not allowed")
+        spent = now - self.since
+        acct = self.acct
+        if old in _QUEUED:
+            acct.wait_time += spent
+        elif old is JobState.LOADING:
+            acct.load_time += spent
+        elif old is JobState.RUNNING:
+            acct.run_time += spent
+            acct.attained_gpu_time += spent * self.spec.gpus
+        elif old is JobState.PAUSING:
+            acct.pause_time += spent
+        self.state = new
+        self.since = now
+
+    def iterations_at(self, now: float) -> float:
+        """Estimated iterations done by `now` (extrapolated while RUNNING)."""
+        if self.state is JobState.RUNNING and self.step_time > 0:
+            done = self.done_iterations + (now - self.progress_time) / self.step_time
+            return min(done, float(self.spec.iterations))
+        return self.done_iterations
+
+    def remaining_time(self, now: float) -> float:
+        """Expected seconds of training left, on its ideal placement (SRTF's priority)."""
+        return max(0.0, self.spec.iterations - self.iterations_at(now)) * self.ideal_step_time
+
+    @property
+    def expected_duration(self) -> float:
+        """Expected training seconds for the whole job alone (SJF's priority)."""
+        return self.spec.iterations * self.ideal_step_time
+
+
+@dataclass(slots=True)
+class Gpu:
+    index: int  # global index in the cluster
+    node: str
+    local_index: int
+    gpu_type: str
+    memory_mb: int
+    jobs: list[str] = field(default_factory=list)  # at most MAX_JOBS_PER_GPU
+
+
+MAX_JOBS_PER_GPU = 2
+
+
+@dataclass(slots=True)
+class Node:
+    name: str
+    gpus: list[int]  # global GPU indices
+    alive: bool = True
+
+    @property
+    def size(self) -> int:
+        return len(self.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    name: str
+    gpus: int
+    gpu_type: str
+    gpu_memory_mb: int
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise ValueError(f"node {self.name}: needs at least one GPU")
+
+
+class InvariantViolation(AssertionError):
+    """`ClusterState.validate` found the state inconsistent."""
+
+
+@dataclass(slots=True)
+class ClusterState:
+    """All nodes, GPUs and jobs. `free_by_node` caches how many GPUs of each node hold no job."""
+
+    nodes: dict[str, Node] = field(default_factory=dict)
+    gpus: list[Gpu] = field(default_factory=list)
+    jobs: dict[str, Job] = field(default_factory=dict)
+    free_by_node: dict[str, int] = field(default_factory=dict)
+
+    def add_node(self, spec: NodeSpec) -> Node:
+        if spec.name in self.nodes:
+            node = self.nodes[spec.name]
+            if node.alive:
+                raise ValueError(f"node {spec.name} already joined")
+            node.alive = True
+            self.free_by_node[spec.name] = sum(1 for g in node.gpus if not self.gpus[g].jobs)
+            return node
+        first = len(self.gpus)
+        for i in range(spec.gpus):
+            self.gpus.append(Gpu(first + i, spec.name, i, spec.gpu_type, spec.gpu_memory_mb))
+        node = Node(spec.name, list(range(first, first + spec.gpus)))
+        self.nodes[spec.name] = node
+        self.free_by_node[spec.name] = spec.gpus
+        return node
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.size for n in self.nodes.values() if n.alive)
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(self.free_by_node.values())
+
+    def assign(self, job_id: str, gpus: tuple[int, ...]) -> None:
+        for g in gpus:
+            gpu = self.gpus[g]
+            if len(gpu.jobs) >= MAX_JOBS_PER_GPU:
+                raise InvariantViolation(f"GPU {g} already holds {gpu.jobs}")
+            if not gpu.jobs:
+                self.free_by_node[gpu.node] -= 1
+            gpu.jobs.append(job_id)
+
+    def release(self, job_id: str, gpus: tuple[int, ...]) -> None:
+        for g in gpus:
+            gpu = self.gpus[g]
+            gpu.jobs.remove(job_id)
+            if not gpu.jobs and self.nodes[gpu.node].alive:
+                self.free_by_node[gpu.node] += 1
+
+    def validate(self) -> None:
+        """Check every invariant; raise InvariantViolation naming the first one broken."""
+
+        def fail(msg: str) -> None:
+            raise InvariantViolation(msg)
+
+        holders: dict[int, list[str]] = {}
+        for job in self.jobs.values():
+            st = job.state
+            if st.holds_gpus:
+                if len(job.gpus) != job.spec.gpus:
+                    fail(f"{job.job_id} ({st.value}) holds {len(job.gpus)} GPUs, asked for {job.spec.gpus}")
+                if len(set(job.gpus)) != len(job.gpus):
+                    fail(f"{job.job_id} holds a GPU twice: {job.gpus}")
+                for g in job.gpus:
+                    holders.setdefault(g, []).append(job.job_id)
+            elif job.gpus:
+                fail(f"{job.job_id} is {st.value} but still holds GPUs {job.gpus}")
+            if not 0.0 <= job.done_iterations <= job.spec.iterations + 1e-6:
+                fail(f"{job.job_id} progress {job.done_iterations} outside [0, {job.spec.iterations}]")
+            if job.checkpoint_iterations > job.done_iterations + 1e-6:
+                fail(f"{job.job_id} checkpoint ahead of progress")
+            if st is JobState.COMPLETED and job.done_iterations < job.spec.iterations - 1e-6:
+                fail(f"{job.job_id} COMPLETED with {job.done_iterations}/{job.spec.iterations} iterations")
+        for gpu in self.gpus:
+            if len(gpu.jobs) > MAX_JOBS_PER_GPU:
+                fail(f"GPU {gpu.index} holds {len(gpu.jobs)} jobs (max {MAX_JOBS_PER_GPU})")
+            if sorted(gpu.jobs) != sorted(holders.get(gpu.index, [])):
+                fail(f"GPU {gpu.index} lists {gpu.jobs} but jobs holding it are {holders.get(gpu.index, [])}")
+            if gpu.jobs and not self.nodes[gpu.node].alive:
+                fail(f"GPU {gpu.index} on lost node {gpu.node} still holds {gpu.jobs}")
+        for name, node in self.nodes.items():
+            want = sum(1 for g in node.gpus if not self.gpus[g].jobs) if node.alive else 0
+            if self.free_by_node.get(name, 0) != want:
+                fail(f"node {name}: free count {self.free_by_node.get(name)} but {want} GPUs are free")

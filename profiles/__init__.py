@@ -1,0 +1,1 @@
+"""Measured throughputs and fitted model parameters (data only; see README.md here)."""
