@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from meshsched import events as ev
 from meshsched.actions import Action, Kill, Launch, Preempt, ScheduleTimer
 from meshsched.estimate import StepTimeEstimator
+from meshsched.perf.placement import ideal_placement
 from meshsched.policies.base import ClusterView, Evict, SchedulingPolicy, Start, Trigger, Wait
 from meshsched.state import ClusterState, Job, JobState
 
@@ -58,6 +59,10 @@ class Engine:
             ev.NodeJoined: self._on_node_joined,
             ev.NodeLost: self._on_node_lost,
             ev.Tick: self._on_tick,
+            ev.JobRestored: self._on_restored,
+            ev.JobAdopted: self._on_adopted,
+            ev.CheckpointSaved: self._on_checkpoint,
+            ev.RecoveryDone: self._on_recovery_done,
         }
 
     # ---------------------------------------------------------------- entry point
@@ -66,14 +71,15 @@ class Engine:
         actions: list[Action] = []
         trigger = self._handlers[type(event)](event, now, actions)
         if trigger is not None:
-            self._schedule(trigger, now, event.stimulus_id, actions)
+            job_id = event.spec.job_id if type(event) is ev.JobSubmitted else None
+            self._schedule(trigger, now, event.stimulus_id, actions, job_id)
         self._arm_timer(now, actions)
         return actions
 
     # ---------------------------------------------------------------- queries
 
-    def view(self) -> ClusterView:
-        return ClusterView(self.state, self._queue, self._active, self._queued_gpus)
+    def view(self, arrived: str | None = None) -> ClusterView:
+        return ClusterView(self.state, self._queue, self._active, self._queued_gpus, arrived)
 
     def queued(self) -> Iterator[Job]:
         return self.view().queue()
@@ -157,8 +163,8 @@ class Engine:
 
     def _on_failed(self, e: ev.JobFailed, now: float, actions: list[Action]) -> Trigger | None:
         job = self.state.jobs.get(e.job_id)
-        if job is None or job.state.is_terminal:
-            return self._ignore(now, e, job)
+        if job is None or job.state.is_terminal or (e.requeue and job.state.is_queued):
+            return self._ignore(now, e, job)  # requeue of a job already queued (e.g. by NodeLost): nothing to do
         held = job.state.holds_gpus
         if held:
             self._release(job)
@@ -204,22 +210,25 @@ class Engine:
             actions.append(Kill(job.job_id))  # its workers on other nodes must stop too
             self._release(job)
             self._requeue_from_checkpoint(job, now, e.stimulus_id, f"node {e.node} lost")
-        node.alive = False
-        self.state.free_by_node[e.node] = 0
+        self.state.mark_lost(e.node)
         self._log(now, e.stimulus_id, None, f"node {e.node} lost; {len(victims)} job(s) requeued")
         return Trigger.RELEASE
 
     def _on_tick(self, e: ev.Tick, now: float, actions: list[Action]) -> Trigger | None:
         if e.key != self._timer_key or self._timer_at is None:
-            return None  # superseded timer
+            self._log(now, e.stimulus_id, None, f"ignored Tick {e.key} (superseded timer)")
+            return None
         self._timer_at = None
         return Trigger.TICK
 
     # ---------------------------------------------------------------- scheduling
 
-    def _schedule(self, trigger: Trigger, now: float, stimulus: str, actions: list[Action]) -> None:
+    def _schedule(
+        self, trigger: Trigger, now: float, stimulus: str, actions: list[Action], stimulus_job: str | None = None
+    ) -> None:
         jobs = self.state.jobs
-        for d in self.policy.schedule(self.view(), now, trigger):
+        arrived = stimulus_job if trigger is Trigger.ARRIVAL else None
+        for d in self.policy.schedule(self.view(arrived), now, trigger):
             job = jobs[d.job_id]
             if isinstance(d, Start):
                 if not job.state.is_queued:
@@ -286,6 +295,8 @@ class Engine:
         self._active.pop(job.job_id, None)
 
     def _complete(self, job: Job, now: float, stimulus: str, message: str) -> None:
+        if job.state is JobState.LOADING:  # its JobStarted was lost or overtaken: it did start
+            job.transition(JobState.RUNNING, now)
         job.transition(JobState.COMPLETED, now)
         job.acct.finish_time = now
         job.reason = ""
@@ -319,9 +330,55 @@ class Engine:
             return self.estimator.step_time(spec, "", (spec.gpus,))
         per_node = max(n.size for n in nodes)
         gpu_type = self.state.gpus[nodes[0].gpus[0]].gpu_type
-        full, rest = divmod(spec.gpus, per_node)
-        placement = (per_node,) * full + ((rest,) if rest else ())
-        return self.estimator.step_time(spec, gpu_type, placement)
+        return self.estimator.step_time(spec, gpu_type, ideal_placement(spec.gpus, per_node))
+
+
+    # ---------------------------------------------------------------- daemon recovery and checkpoints
+
+    def _on_restored(self, e: ev.JobRestored, now: float, actions: list[Action]) -> Trigger | None:
+        spec = e.spec
+        if spec.job_id in self.state.jobs:
+            raise ValueError(f"job {spec.job_id} already exists")
+        ckpt = min(float(spec.iterations), max(0.0, e.checkpoint_iterations))
+        state = JobState.PREEMPTED if e.preempted else JobState.PENDING
+        job = Job(spec, ideal_step_time=self._ideal_step_time(spec), state=state, since=now, progress_time=now,
+                  done_iterations=ckpt, checkpoint_iterations=ckpt, restarts=e.restarts)
+        self.state.jobs[spec.job_id] = job
+        self._enqueue(job)
+        self._log(now, e.stimulus_id, job, f"restored {state.value}; resumes from iteration {ckpt:.0f}")
+        return None
+
+    def _on_adopted(self, e: ev.JobAdopted, now: float, actions: list[Action]) -> Trigger | None:
+        spec = e.spec
+        if spec.job_id in self.state.jobs:
+            raise ValueError(f"job {spec.job_id} already exists")
+        ckpt = min(float(spec.iterations), max(0.0, e.checkpoint_iterations))
+        done = min(float(spec.iterations), max(ckpt, e.done_iterations))
+        job = Job(spec, ideal_step_time=self._ideal_step_time(spec), state=JobState.RUNNING, since=now,
+                  progress_time=now, done_iterations=done, checkpoint_iterations=ckpt, restarts=e.restarts)
+        self.state.assign(spec.job_id, e.gpus)
+        job.gpus = e.gpus
+        job.acct.first_start = now
+        job.step_time = self.estimator.step_time(spec, self._gpu_type(job), self._shape(job.gpus))
+        self.state.jobs[spec.job_id] = job
+        self._active[spec.job_id] = job
+        self._log(now, e.stimulus_id, job, f"re-adopted running on GPUs {_fmt_gpus(e.gpus)}")
+        return None
+
+    def _on_checkpoint(self, e: ev.CheckpointSaved, now: float, actions: list[Action]) -> Trigger | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or not job.state.holds_gpus:
+            return self._ignore(now, e, job)
+        ckpt = min(float(job.spec.iterations), max(job.checkpoint_iterations, e.iterations))
+        job.checkpoint_iterations = ckpt
+        if job.done_iterations < ckpt:
+            job.done_iterations = ckpt
+            job.progress_time = now
+        return None
+
+    def _on_recovery_done(self, e: ev.RecoveryDone, now: float, actions: list[Action]) -> Trigger | None:
+        self._log(now, e.stimulus_id, None, f"recovered {len(self.state.jobs)} job(s)")
+        return Trigger.RELEASE
 
 
 def _fmt_gpus(gpus: tuple[int, ...]) -> str:

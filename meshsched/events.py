@@ -73,3 +73,37 @@ class Tick(Event):
     """A timer the engine asked for (ScheduleTimer) fired."""
 
     key: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobRestored(Event):
+    """Rebuild a queued job from a durable record (daemon restart); no scheduling pass until RecoveryDone."""
+
+    spec: JobSpec
+    preempted: bool  # it ran before: PREEMPTED, else PENDING
+    checkpoint_iterations: float
+    restarts: int  # launches so far
+
+
+@dataclass(frozen=True, slots=True)
+class JobAdopted(Event):
+    """Rebuild a running job whose processes survived a daemon restart, on the GPUs it holds."""
+
+    spec: JobSpec
+    gpus: tuple[int, ...]
+    done_iterations: float
+    checkpoint_iterations: float
+    restarts: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSaved(Event):
+    """The running job saved a checkpoint at `iterations`: a later requeue resumes from there."""
+
+    job_id: str
+    iterations: float
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryDone(Event):
+    """Every durable record was restored: run one scheduling pass."""

@@ -207,6 +207,8 @@ class ClusterState:
     gpus: list[Gpu] = field(default_factory=list)
     jobs: dict[str, Job] = field(default_factory=dict)
     free_by_node: dict[str, int] = field(default_factory=dict)
+    total_gpus: int = 0  # GPUs on live nodes (kept by add_node / mark_lost)
+    largest_node: int = 0  # GPUs of the biggest live node
 
     def add_node(self, spec: NodeSpec) -> Node:
         if spec.name in self.nodes:
@@ -215,6 +217,7 @@ class ClusterState:
                 raise ValueError(f"node {spec.name} already joined")
             node.alive = True
             self.free_by_node[spec.name] = sum(1 for g in node.gpus if not self.gpus[g].jobs)
+            self._resize()
             return node
         first = len(self.gpus)
         for i in range(spec.gpus):
@@ -222,11 +225,19 @@ class ClusterState:
         node = Node(spec.name, list(range(first, first + spec.gpus)))
         self.nodes[spec.name] = node
         self.free_by_node[spec.name] = spec.gpus
+        self._resize()
         return node
 
-    @property
-    def total_gpus(self) -> int:
-        return sum(n.size for n in self.nodes.values() if n.alive)
+    def mark_lost(self, name: str) -> None:
+        """The node is gone: its GPUs count for nothing (jobs on it must already be released)."""
+        self.nodes[name].alive = False
+        self.free_by_node[name] = 0
+        self._resize()
+
+    def _resize(self) -> None:
+        alive = [n.size for n in self.nodes.values() if n.alive]
+        self.total_gpus = sum(alive)
+        self.largest_node = max(alive, default=0)
 
     @property
     def free_gpus(self) -> int:
@@ -279,6 +290,9 @@ class ClusterState:
                 fail(f"GPU {gpu.index} lists {gpu.jobs} but jobs holding it are {holders.get(gpu.index, [])}")
             if gpu.jobs and not self.nodes[gpu.node].alive:
                 fail(f"GPU {gpu.index} on lost node {gpu.node} still holds {gpu.jobs}")
+        alive = [n.size for n in self.nodes.values() if n.alive]
+        if (self.total_gpus, self.largest_node) != (sum(alive), max(alive, default=0)):
+            fail(f"cached sizes {self.total_gpus}/{self.largest_node} do not match the live nodes")
         for name, node in self.nodes.items():
             want = sum(1 for g in node.gpus if not self.gpus[g].jobs) if node.alive else 0
             if self.free_by_node.get(name, 0) != want:

@@ -50,7 +50,7 @@ class ClusterView:
     (tests check that a scheduling pass leaves the state unchanged).
     """
 
-    __slots__ = ("_state", "_queue", "_active", "_queued_gpus")
+    __slots__ = ("_state", "_queue", "_active", "_queued_gpus", "arrived")
 
     def __init__(
         self,
@@ -58,11 +58,13 @@ class ClusterView:
         queue: list[tuple[tuple, int, str]],
         active: Mapping[str, Job],
         queued_gpus: Mapping[int, int],
+        arrived: str | None = None,
     ) -> None:
         self._state = state
         self._queue = queue
         self._active = active
         self._queued_gpus = queued_gpus
+        self.arrived = arrived  # on Trigger.ARRIVAL: the job that just arrived
 
     def queue(self) -> Iterator[Job]:
         """Queued jobs (PENDING or PREEMPTED), best first by the policy's queue key."""
@@ -99,10 +101,19 @@ class ClusterView:
     def total_gpus(self) -> int:
         return self._state.total_gpus
 
-    @property
-    def pausing_gpus(self) -> int:
-        """GPUs that come free once the jobs now saving a checkpoint are done."""
-        return sum(j.spec.gpus for j in self._active.values() if j.state is JobState.PAUSING)
+    def pausing_by_node(self) -> dict[str, int]:
+        """GPUs per node that come free once the jobs now saving a checkpoint are done."""
+        out: dict[str, int] = {}
+        gpus = self._state.gpus
+        for j in self._active.values():
+            if j.state is JobState.PAUSING:
+                for g in j.gpus:
+                    node = gpus[g].node
+                    out[node] = out.get(node, 0) + 1
+        return out
+
+    def node_of(self, gpu: int) -> str:
+        return self._state.gpus[gpu].node
 
     def planner(self) -> Planner:
         """A scratch allocator over the free GPUs for one scheduling pass."""

@@ -1,4 +1,9 @@
-"""Where a job goes: exclusive GPUs on the fewest nodes, best-fit so large holes stay whole."""
+"""Where a job goes: exclusive GPUs on the fewest nodes that can hold it, best-fit so large holes stay whole.
+
+A job never spreads over more nodes than its size requires (ceil(gpus / largest node)): spread
+placements are several times slower (Gavel's unconsolidated measurements), so the job waits instead,
+as Philly's locality-constrained scheduler did.
+"""
 
 from __future__ import annotations
 
@@ -35,20 +40,50 @@ def fewest_nodes(free: dict[str, int], want: int) -> list[tuple[str, int]] | Non
 class Planner:
     """Scratch allocation of free GPUs during one scheduling pass; the state is not touched."""
 
-    __slots__ = ("_state", "_free", "_taken")
+    __slots__ = ("_state", "_free", "_taken", "_node_size", "free_total")
 
     def __init__(self, state: ClusterState) -> None:
         self._state = state
         self._free = {n: c for n, c in state.free_by_node.items() if c > 0}
         self._taken: set[int] = set()
+        self._node_size = max(state.largest_node, 1)
+        self.free_total = sum(self._free.values())  # free GPUs still unclaimed in this pass
+
+    def free_map(self) -> dict[str, int]:
+        """Free GPUs per node still unclaimed in this pass (a copy)."""
+        return dict(self._free)
 
     @property
-    def free_total(self) -> int:
-        return sum(self._free.values())
+    def node_size(self) -> int:
+        return self._node_size
+
+    def compact(self, free: dict[str, int], want: int) -> list[tuple[str, int]] | None:
+        """`fewest_nodes` over a hypothetical free map, None unless it is as compact as `take` requires."""
+        if want <= self._node_size:  # one node: best fit
+            best, best_free = None, 1 << 30
+            for name, n in free.items():
+                if want <= n < best_free:
+                    best, best_free = name, n
+            return None if best is None else [(best, want)]
+        plan = fewest_nodes(free, want)
+        if plan is None or len(plan) > -(-want // self._node_size):
+            return None
+        return plan
+
+    def withhold(self, node: str, count: int) -> int:
+        """Keep up to `count` free GPUs of `node` out of this pass (reserved for a waiting job); returns how many."""
+        have = self._free.get(node, 0)
+        got = min(have, count)
+        self.free_total -= got
+        if have - got:
+            self._free[node] = have - got
+        else:
+            self._free.pop(node, None)
+        return got
 
     def take(self, want: int) -> tuple[int, ...] | None:
-        """Reserve `want` free GPUs on the fewest nodes; None if there are not enough."""
-        plan = fewest_nodes(self._free, want)
+        """Reserve `want` free GPUs on the fewest nodes; None if they cannot be had that compactly now."""
+        plan = self.compact(self._free, want)
         if plan is None:
             return None
         state = self._state
@@ -67,4 +102,5 @@ class Planner:
             else:
                 del self._free[node]
         self._taken.update(picked)
+        self.free_total -= want
         return tuple(picked)

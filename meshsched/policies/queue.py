@@ -44,7 +44,12 @@ class ShortestRemaining:
     name = "srtf"
 
     def priority(self, job: Job, now: float) -> tuple:
-        return (job.remaining_time(now), job.spec.submit_time)
+        # Job.remaining_time inlined: this runs for every running job on most passes.
+        spec = job.spec
+        done = job.done_iterations
+        if job.state is JobState.RUNNING and job.step_time > 0:
+            done = min(done + (now - job.progress_time) / job.step_time, spec.iterations)
+        return ((spec.iterations - done) * job.ideal_step_time, spec.submit_time)
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,7 @@ class QueueScheduler:
     strict: bool = False
     interval: float | None = None
     _dirty: bool = field(default=True, repr=False)
+    _promised: set[str] = field(default_factory=set, repr=False)  # periodic: decided at a tick, waiting on a pause
 
     def queue_key(self, job: Job) -> tuple:
         return self.order.priority(job, job.since)
@@ -106,7 +112,8 @@ class QueueScheduler:
         if self.interval is not None:
             if trigger is not Trigger.TICK:
                 self._dirty = True
-                return []
+                # Jobs this policy already chose at its last activation start as soon as their GPUs are free.
+                return self._start_promised(view) if self._promised and trigger is Trigger.RELEASE else []
             # SRTF: with no arrival or release since the last pass, running jobs only got closer to
             # done, so nothing could have become startable or evictable.
             if not self._dirty and isinstance(self.order, ShortestRemaining):
@@ -114,55 +121,113 @@ class QueueScheduler:
             self._dirty = False
         if view.queue_length == 0:
             return []
-        return self._pass(view, now)
+        # On an arrival only the newcomer can have gained a reason to preempt: nothing was freed, and
+        # running jobs only got closer to done since the last pass.
+        return self._pass(view, now, evict_for=view.arrived if trigger is Trigger.ARRIVAL else None)
 
-    def _pass(self, view: ClusterView, now: float) -> list[Decision]:
+    def _start_promised(self, view: ClusterView) -> list[Decision]:
         plan = view.planner()
-        free = plan.free_total
-        avail = free + (view.pausing_gpus if self.preemptive else 0)
+        out: list[Decision] = []
+        for job_id in sorted(self._promised, key=lambda j: view.job(j).spec.submit_time):
+            job = view.job(job_id)
+            if not job.state.is_queued:
+                self._promised.discard(job_id)
+            elif (gpus := plan.take(job.spec.gpus)) is not None:
+                out.append(Start(job_id, gpus, f"{self.name}: chosen at the last activation; GPUs now free"))
+                self._promised.discard(job_id)
+        return out
+
+    def _pass(self, view: ClusterView, now: float, evict_for: str | None = None) -> list[Decision]:
+        plan = view.planner()
+        soon = view.pausing_by_node() if self.preemptive else {}
         min_need = view.min_queued_gpus
+        total = view.total_gpus
         decisions: list[Decision] = []
         victims: list[tuple[tuple, Job]] | None = None  # evictable, worst first
-        vi = 0
-        total = view.total_gpus
+        evicted: set[str] = set()
+        self._promised.clear()
+        newcomer_seen = False
         for job in view.queue():
             need = job.spec.gpus
             if need > total:
                 continue  # unschedulable here; never blocks the queue
-            if need <= free and need <= avail:
-                gpus = plan.take(need)
-                assert gpus is not None
+            newcomer_seen = newcomer_seen or job.job_id == evict_for
+            gpus = plan.take(need) if need <= plan.free_total else None
+            if gpus is not None:
                 decisions.append(Start(job.job_id, gpus, f"{self.name}: {need} GPU(s) free"))
-                free -= need
-                avail -= need
                 continue
-            if need <= avail:  # room arrives when the jobs now saving a checkpoint are done
-                avail -= need
+            if not self.preemptive:
+                if self.strict or plan.free_total < min_need:
+                    break
                 continue
-            if self.preemptive:
-                prio = self.order.priority(job, now)
+            if evict_for is not None and job.job_id != evict_for and not soon:
+                if plan.free_total < min_need and newcomer_seen:
+                    break  # the newcomer has been handled and nothing else can start
+                continue
+            # Preemptive: is room coming (checkpoints being saved), or can evictions make it?
+            pool = plan.free_map()
+            for node, n in soon.items():
+                if n:
+                    pool[node] = pool.get(node, 0) + n
+            spot = plan.compact(pool, need)
+            prio = self.order.priority(job, now)
+            if spot is None:
+                if evict_for is not None and job.job_id != evict_for:
+                    continue
                 if victims is None:
                     victims = sorted(
                         ((self.order.priority(v, now), v) for v in view.holding() if v.state is not JobState.PAUSING),
                         key=lambda pv: pv[0],
                         reverse=True,
                     )
-                got = 0
-                k = vi
-                while k < len(victims) and victims[k][0] > prio and avail + got < need:
-                    got += victims[k][1].spec.gpus
-                    k += 1
-                if avail + got >= need:
-                    for vprio, v in victims[vi:k]:
-                        decisions.append(Evict(v.job_id, f"{self.name}: preempted for {job.job_id}"))
-                    vi = k
-                    avail += got - need
+                chosen: list[Job] = []
+                single = need <= plan.node_size
+                pooled = sum(pool.values())
+                for vprio, v in victims:
+                    if v.job_id in evicted:
+                        continue
+                    if not vprio[0] > prio[0]:
+                        break  # only strictly lower-priority jobs are preempted
+                    chosen.append(v)
+                    touched = False
+                    for g in v.gpus:
+                        node = view.node_of(g)
+                        n = pool[node] = pool.get(node, 0) + 1
+                        touched = touched or n >= need
+                    pooled += len(v.gpus)
+                    # a one-node job can only have become placeable on a node this victim frees
+                    if (touched if single else pooled >= need) and (spot := plan.compact(pool, need)) is not None:
+                        break
+                if spot is None:
+                    if plan.free_total < min_need and not self._worse_victim_left(victims, evicted, prio):
+                        break  # nothing later in the queue can start or evict
                     continue
-                if free < min_need and (vi >= len(victims) or victims[vi][0] <= prio):
-                    break  # nothing later in the queue can start or evict
-            elif self.strict or free < min_need:
-                break
+                nodes = {node for node, _ in spot}
+                for v in chosen:
+                    if any(view.node_of(g) in nodes for g in v.gpus):
+                        evicted.add(v.job_id)
+                        decisions.append(Evict(v.job_id, f"{self.name}: preempted for {job.job_id}"))
+                        for g in v.gpus:
+                            node = view.node_of(g)
+                            soon[node] = soon.get(node, 0) + 1
+            # Reserve the spot: its free GPUs are held back, the GPUs being freed there are promised.
+            for node, count in spot:
+                rest = count - plan.withhold(node, count)
+                if rest:
+                    if soon[node] > rest:
+                        soon[node] -= rest
+                    else:
+                        del soon[node]
+            if self.interval is not None:
+                self._promised.add(job.job_id)
         return decisions
+
+    @staticmethod
+    def _worse_victim_left(victims: list[tuple[tuple, Job]] | None, evicted: set[str], prio: tuple) -> bool:
+        for vprio, v in victims or ():
+            if v.job_id not in evicted:
+                return vprio[0] > prio[0]
+        return False
 
     def next_timer(self, view: ClusterView, now: float) -> float | None:
         if not view.has_runnable_queue:

@@ -1,0 +1,1 @@
+"""meshd: the per-server daemon (transport and lifecycle around the engine)."""

@@ -1,0 +1,163 @@
+"""meshd's HTTP API (aiohttp) on a Unix socket for `mesh`, optionally on TCP with a bearer token.
+
+Routes: GET /v1/health, GET/POST /v1/jobs, GET /v1/jobs/{id}, POST /v1/jobs/{id}/cancel,
+GET /v1/jobs/{id}/logs?rank=N&offset=B, GET /v1/jobs/{id}/explain, GET /v1/nodes, GET /metrics.
+Errors are JSON {"error": "..."} with a 4xx status.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import pwd
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from meshsched.daemon.jobsock import PEERCRED
+from meshsched.daemon.metrics import render_metrics
+from meshsched.protocol import SubmitRequest
+
+DAEMON_KEY = web.AppKey("daemon", object)
+LOG_CHUNK = 1 << 20
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def _peer_user(request: web.Request) -> str:
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is not None and sock.family == socket.AF_UNIX:
+        _, uid, _ = PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return str(uid)
+    return "remote"
+
+
+def _record(request: web.Request):
+    daemon = request.app[DAEMON_KEY]
+    job_id = request.match_info["job_id"]
+    rec = daemon.records.get(job_id)
+    if rec is None:
+        raise web.HTTPNotFound(text=f'{{"error": "unknown job {job_id}"}}', content_type="application/json")
+    return daemon, rec
+
+
+async def health(request: web.Request) -> web.Response:
+    d = request.app[DAEMON_KEY]
+    return web.json_response({"status": d.status.value, "node": d.config.node_name, "pid": os.getpid()})
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    d = request.app[DAEMON_KEY]
+    return web.json_response(d.list_jobs(include_done=request.query.get("all", "1") != "0"))
+
+
+async def submit(request: web.Request) -> web.Response:
+    d = request.app[DAEMON_KEY]
+    try:
+        req = SubmitRequest.from_json(await request.json())
+        rec = d.submit(req, _peer_user(request))
+    except ValueError as exc:  # RequestError, SubmitError, bad JSON, JobSpec validation
+        return _error(400, str(exc))
+    return web.json_response(d.job_view(rec), status=201)
+
+
+async def show(request: web.Request) -> web.Response:
+    d, rec = _record(request)
+    view = d.job_view(rec)
+    view["history"] = d.journal.history(rec.job_id)
+    return web.json_response(view)
+
+
+async def cancel(request: web.Request) -> web.Response:
+    d, rec = _record(request)
+    return web.json_response(d.job_view(d.cancel(rec.job_id)))
+
+
+async def explain(request: web.Request) -> web.Response:
+    d, rec = _record(request)
+    return web.json_response([
+        {"time": e.time, "stimulus": e.stimulus_id, "message": e.message} for e in d.engine.explain(rec.job_id)
+    ])
+
+
+async def logs(request: web.Request) -> web.Response:
+    d, rec = _record(request)
+    try:
+        rank = int(request.query.get("rank", "0"))
+        offset = int(request.query.get("offset", "0"))
+    except ValueError:
+        return _error(400, "rank and offset must be integers")
+    if not 0 <= rank < rec.gpus or offset < 0:
+        return _error(400, f"rank must be in [0, {rec.gpus}) and offset >= 0")
+    path = Path(rec.job_dir) / "logs" / f"rank{rank}.log"
+    data = b""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(LOG_CHUNK)
+    except FileNotFoundError:
+        pass
+    headers = {"X-Log-Offset": str(offset + len(data)), "X-Job-State": rec.state}
+    return web.Response(body=data, headers=headers, content_type="text/plain")
+
+
+async def nodes(request: web.Request) -> web.Response:
+    return web.json_response([request.app[DAEMON_KEY].node_view()])
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=render_metrics(request.app[DAEMON_KEY]), content_type="text/plain")
+
+
+def _token_guard(token: str):
+    @web.middleware
+    async def guard(request: web.Request, handler):
+        sock = request.transport.get_extra_info("socket") if request.transport else None
+        if sock is not None and sock.family != socket.AF_UNIX:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return _error(401, "missing or wrong bearer token")
+        return await handler(request)
+
+    return guard
+
+
+def make_app(daemon) -> web.Application:
+    app = web.Application(middlewares=[_token_guard(daemon.config.token)], client_max_size=1 << 20)
+    app[DAEMON_KEY] = daemon
+    app.router.add_get("/v1/health", health)
+    app.router.add_get("/v1/jobs", list_jobs)
+    app.router.add_post("/v1/jobs", submit)
+    app.router.add_get("/v1/jobs/{job_id}", show)
+    app.router.add_post("/v1/jobs/{job_id}/cancel", cancel)
+    app.router.add_get("/v1/jobs/{job_id}/logs", logs)
+    app.router.add_get("/v1/jobs/{job_id}/explain", explain)
+    app.router.add_get("/v1/nodes", nodes)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def start_api(daemon) -> Callable[[], Awaitable[None]]:
+    """Serve the API; returns the coroutine function that stops it."""
+    runner = web.AppRunner(make_app(daemon), access_log=None)
+    await runner.setup()
+    path = daemon.config.api_socket
+    path.unlink(missing_ok=True)
+    await web.UnixSite(runner, str(path)).start()
+    os.chmod(path, 0o600)  # the API runs jobs as meshd's user: only that user may use it
+    if daemon.config.http_tcp:
+        host, _, port = daemon.config.http_tcp.rpartition(":")
+        await web.TCPSite(runner, host or "127.0.0.1", int(port)).start()
+
+    async def close() -> None:
+        await runner.cleanup()
+        path.unlink(missing_ok=True)
+
+    return close

@@ -1,0 +1,160 @@
+"""meshd configuration: defaults < TOML file < environment (MESHD_*) < command-line flags.
+
+Defaults (documented in docs/daemon.md):
+  config file    /etc/meshsched/meshd.toml (read only when present, or the file given by --config)
+  state_dir      /var/lib/meshsched as root, else $XDG_STATE_HOME/meshsched (~/.local/state/meshsched)
+  runtime_dir    /run/meshsched as root, else $XDG_RUNTIME_DIR/meshsched, else /tmp/meshsched-$UID
+  policy         sjf            (any name `make_policy` accepts, e.g. srtf@360)
+  fake_gpus      0 = use NVML when present, else 8 fake GPUs
+  gpu_type       v100 for fake GPUs (so --model profiles apply); NVML reports the real name
+  node_name      the host name
+  http_tcp       "" (off); "HOST:PORT" also serves the API on TCP, which then needs `token`
+  kill_grace     10 s between SIGTERM and SIGKILL when a job is cancelled or preempted
+  systemd_scope  auto: under systemd each job runs in a transient scope (systemd-run --scope); yes | no
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+DEFAULT_CONFIG_FILE = Path("/etc/meshsched/meshd.toml")
+ENV_PREFIX = "MESHD_"
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key and its source."""
+
+
+def default_state_dir(env: Mapping[str, str]) -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/meshsched")
+    base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "state")
+    return Path(base) / "meshsched"
+
+
+def default_runtime_dir(env: Mapping[str, str]) -> Path:
+    if os.geteuid() == 0:
+        return Path("/run/meshsched")
+    if env.get("XDG_RUNTIME_DIR"):
+        return Path(env["XDG_RUNTIME_DIR"]) / "meshsched"
+    return Path(f"/tmp/meshsched-{os.getuid()}")
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    state_dir: Path
+    runtime_dir: Path
+    policy: str = "sjf"
+    fake_gpus: int = 0
+    gpu_type: str = "v100"
+    gpu_memory_mb: int = 16384
+    node_name: str = ""
+    http_tcp: str = ""
+    token: str = ""
+    kill_grace: float = 10.0
+    use_mps: bool = False
+    systemd_scope: str = "auto"  # each job in a transient systemd scope: auto (under systemd) | yes | no
+
+    @property
+    def api_socket(self) -> Path:
+        return self.runtime_dir / "api.sock"
+
+    @property
+    def job_socket(self) -> Path:
+        return self.runtime_dir / "job.sock"
+
+    @property
+    def journal_path(self) -> Path:
+        return self.state_dir / "journal.sqlite"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.state_dir / "jobs"
+
+    def validate(self) -> DaemonConfig:
+        from meshsched.policies.registry import UnknownPolicy, make_policy
+
+        try:
+            make_policy(self.policy)
+        except UnknownPolicy as exc:
+            raise ConfigError(f"policy: {exc}") from None
+        if self.fake_gpus < 0:
+            raise ConfigError("fake_gpus must be >= 0")
+        if self.kill_grace < 0:
+            raise ConfigError("kill_grace must be >= 0")
+        if self.systemd_scope not in ("auto", "yes", "no"):
+            raise ConfigError(f"systemd_scope must be auto, yes or no, got {self.systemd_scope!r}")
+        if self.http_tcp and not self.token:
+            raise ConfigError("http_tcp needs a token (the TCP API is authenticated)")
+        if len(str(self.api_socket)) > 100:
+            raise ConfigError(f"runtime_dir {self.runtime_dir} is too long for a Unix socket path")
+        return self
+
+
+def _coerce(name: str, kind: Any, value: Any, source: str) -> Any:
+    try:
+        if kind in ("Path", Path):
+            return Path(str(value)).expanduser()
+        if kind in ("int", int):
+            if isinstance(value, bool):
+                raise ValueError
+            return int(value)
+        if kind in ("float", float):
+            return float(value)
+        if kind in ("bool", bool):
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(value).lower() in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError
+        return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: {name} must be {kind}, got {value!r}") from None
+
+
+def load_config(
+    path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> DaemonConfig:
+    """Build the configuration. `path` None means DEFAULT_CONFIG_FILE when it exists."""
+    env = os.environ if env is None else env
+    cfg = DaemonConfig(state_dir=default_state_dir(env), runtime_dir=default_runtime_dir(env))
+    kinds = {f.name: f.type for f in fields(DaemonConfig)}
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+    file = path if path is not None else (Path(env["MESHD_CONFIG"]) if env.get("MESHD_CONFIG") else None)
+    if file is None and DEFAULT_CONFIG_FILE.exists():
+        file = DEFAULT_CONFIG_FILE
+    if file is not None:
+        try:
+            with open(file, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {file} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file}: {exc}") from None
+        data = data.get("meshd", data)
+        layers.append((str(file), data))
+    layers.append(
+        ("environment", {k[len(ENV_PREFIX) :].lower(): v for k, v in env.items() if k.startswith(ENV_PREFIX)})
+    )
+    layers.append(("command line", {k: v for k, v in (overrides or {}).items() if v is not None}))
+    for source, layer in layers:
+        values = {}
+        for key, value in layer.items():
+            if key == "config" and source == "environment":
+                continue
+            if key not in kinds:
+                raise ConfigError(f"{source}: unknown key {key!r}; known: {', '.join(sorted(kinds))}")
+            values[key] = _coerce(key, kinds[key], value, source)
+        cfg = replace(cfg, **values)
+    if not cfg.node_name:
+        cfg = replace(cfg, node_name=socket.gethostname().split(".")[0] or "localhost")
+    return cfg.validate()

@@ -1,0 +1,133 @@
+"""The durable record of jobs: a local SQLite journal (WAL) of job records and their state transitions.
+
+Only meshd writes it. One transaction per engine event (`batch()`); WAL with synchronous=NORMAL survives
+a killed daemon (kill -9) without losing a committed transaction. `mesh` never opens it: it asks meshd.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    record TEXT NOT NULL,
+    state TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS transitions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL,
+    time REAL NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job_id);
+"""
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """Everything meshd must remember about a job across restarts."""
+
+    job_id: str
+    seq: int
+    # JobSpec fields
+    gpus: int
+    model: str
+    batch_size: int
+    iterations: int
+    submit_time: float
+    name: str
+    user: str
+    deadline: float | None
+    guaranteed: bool
+    # how to run it
+    command: list[str]
+    cwd: str
+    env: dict[str, str]
+    job_dir: str
+    # where it stands
+    state: str = "PENDING"
+    reason: str = ""
+    node: str = ""
+    assigned: list[int] = field(default_factory=list)
+    restarts: int = 0
+    done_iterations: float = 0.0
+    checkpoint_iterations: float = 0.0
+    step_time: float = 0.0
+    start_time: float | None = None
+    end_time: float | None = None
+    supervisor_pid: int = 0
+    supervisor_start: str = ""  # /proc/PID/stat start time, guards against PID reuse
+    pausing: bool = False  # a preemption was asked for: its exit means JobPaused
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> JobRecord:
+        return cls(**json.loads(text))
+
+
+class Journal:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        self._depth = 0
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """One transaction around everything written inside (nestable; the outermost commits)."""
+        if self._depth == 0:
+            self._db.execute("BEGIN IMMEDIATE")
+        self._depth += 1
+        try:
+            yield
+        except BaseException:
+            self._depth -= 1
+            if self._depth == 0:
+                self._db.execute("ROLLBACK")
+            raise
+        self._depth -= 1
+        if self._depth == 0:
+            self._db.execute("COMMIT")
+
+    def next_seq(self) -> int:
+        with self.batch():
+            row = self._db.execute("SELECT value FROM meta WHERE key='next_seq'").fetchone()
+            seq = int(row[0]) if row else 1
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('next_seq', ?)", (str(seq + 1),))
+        return seq
+
+    def put(self, rec: JobRecord) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO jobs (job_id, seq, record, state) VALUES (?, ?, ?, ?)",
+            (rec.job_id, rec.seq, rec.to_json(), rec.state),
+        )
+
+    def transition(self, job_id: str, time: float, state: str, reason: str) -> None:
+        self._db.execute(
+            "INSERT INTO transitions (job_id, time, state, reason) VALUES (?, ?, ?, ?)", (job_id, time, state, reason)
+        )
+
+    def load(self) -> list[JobRecord]:
+        """All job records in submission order."""
+        return [JobRecord.from_json(r[0]) for r in self._db.execute("SELECT record FROM jobs ORDER BY seq")]
+
+    def history(self, job_id: str) -> list[tuple[float, str, str]]:
+        rows = self._db.execute("SELECT time, state, reason FROM transitions WHERE job_id=? ORDER BY id", (job_id,))
+        return [tuple(r) for r in rows]
+
+    def close(self) -> None:
+        self._db.close()

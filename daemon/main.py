@@ -1,0 +1,68 @@
+"""`meshd`: run the node daemon in the foreground until SIGTERM/SIGINT (uvloop when installed)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from meshsched.daemon.config import ConfigError, DaemonConfig, load_config
+from meshsched.daemon.node import NodeDaemon
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="meshd", description="meshsched node daemon (runs in the foreground)")
+    p.add_argument("--config", type=Path, help="TOML file (default /etc/meshsched/meshd.toml when present)")
+    p.add_argument("--state-dir", type=Path, help="journal and job directories")
+    p.add_argument("--runtime-dir", type=Path, help="where the API and job sockets live")
+    p.add_argument("--policy", help="scheduling policy (default sjf)")
+    p.add_argument("--fake-gpus", type=int, help="serve N fake GPUs (default: NVML, else 8 fake)")
+    p.add_argument("--node-name", help="this node's name (default: host name)")
+    p.add_argument("--http-tcp", help="also serve the API on HOST:PORT (needs --token or MESHD_TOKEN)")
+    p.add_argument("--token", help="bearer token for the TCP API")
+    p.add_argument("--kill-grace", type=float, help="seconds between SIGTERM and SIGKILL for a job")
+    return p.parse_args(argv)
+
+
+async def serve(config: DaemonConfig) -> None:
+    daemon = NodeDaemon(config)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with daemon:
+        print(f"meshd: serving {config.api_socket} (policy {config.policy}, state {config.state_dir})",
+              file=sys.stderr, flush=True)
+        await stop.wait()
+    print("meshd: stopped (running jobs keep running and are re-adopted on the next start)", file=sys.stderr)
+
+
+def run(config: DaemonConfig) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        runner = asyncio.run
+    else:
+        runner = uvloop.run
+    try:
+        runner(serve(config))
+    except RuntimeError as exc:  # e.g. another meshd holds the state dir
+        sys.exit(f"meshd: error: {exc}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if k != "config"}
+    try:
+        config = load_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        sys.exit(f"meshd: error: {exc}")
+    logging.basicConfig(level=logging.INFO, format="meshd: %(message)s", stream=sys.stderr)
+    run(config)
+
+
+if __name__ == "__main__":
+    main()

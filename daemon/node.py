@@ -1,0 +1,449 @@
+"""NodeDaemon: meshd's lifecycle and the loop event -> engine -> journal -> actions.
+
+This server is its own leader (the embedded local coordinator): the engine and policy are the same
+classes the simulator drives. Every engine event runs in one journal transaction; the job records
+touched by the event or its actions are written in it. Resources are set up in order in `start()` and
+torn down in reverse by `close()` (an AsyncExitStack). Closing meshd never stops jobs: they live in their
+own sessions and the next meshd re-adopts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import fcntl
+import itertools
+import logging
+import os
+import shutil
+import time
+from collections import deque
+from contextlib import AsyncExitStack
+from dataclasses import fields
+from pathlib import Path
+
+from meshsched import events as ev
+from meshsched.actions import Action, Kill, Launch, Preempt, ScheduleTimer
+from meshsched.daemon.config import DaemonConfig
+from meshsched.daemon.gpus import GpuBackend, open_backend
+from meshsched.daemon.journal import Journal, JobRecord
+from meshsched.daemon.launcher import Launcher, Outcome, free_port, read_outcome
+from meshsched.daemon.mps import MpsManager, open_mps
+from meshsched.daemon.notify import Notifier
+from meshsched.daemon.supervisor import LaunchSpec
+from meshsched.engine import Engine
+from meshsched.estimate import ProfileEstimator
+from meshsched.perf import load_perf_model
+from meshsched.policies.registry import make_policy
+from meshsched.protocol import SubmitRequest
+from meshsched.state import JobSpec, JobState, NodeSpec
+
+LOG = logging.getLogger("meshd")
+HOLDING = {s.value for s in JobState if s.holds_gpus}
+TERMINAL = {s.value for s in JobState if s.is_terminal}
+_VIEW_FIELDS = tuple(f.name for f in fields(JobRecord) if f.name != "env")  # the API's job view
+
+
+class Status(enum.Enum):
+    NEW = "new"
+    STARTING = "starting"
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class SubmitError(ValueError):
+    """A submission the cluster can never run (answered 400)."""
+
+
+class NodeDaemon:
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.status = Status.NEW
+        self.records: dict[str, JobRecord] = {}
+        self.started_at = 0.0
+        self.engine: Engine | None = None
+        self.journal: Journal | None = None
+        self.gpus: GpuBackend | None = None
+        self.launcher: Launcher | None = None
+        self.mps: MpsManager | None = None
+        self._stack = AsyncExitStack()
+        self._events: deque[ev.Event] = deque()
+        self._dispatching = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._stimulus = itertools.count(1)
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = asyncio.Event()
+        self._notifier = Notifier()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        if self.status is not Status.NEW:
+            raise RuntimeError(f"meshd is {self.status.value}; start() runs once")
+        self.status = Status.STARTING
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        try:
+            cfg.state_dir.mkdir(parents=True, exist_ok=True)
+            cfg.jobs_dir.mkdir(exist_ok=True)
+            cfg.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+            self._stack.callback(_lock(cfg.state_dir / "meshd.lock"))
+            self.journal = Journal(cfg.journal_path)
+            self._stack.callback(self.journal.close)
+            self.gpus = open_backend(cfg.fake_gpus, cfg.gpu_type, cfg.gpu_memory_mb)
+            self._stack.callback(self.gpus.close)
+            self.mps = open_mps(cfg, self.gpus)
+            await self.mps.start()
+            self._stack.push_async_callback(self.mps.close)
+            self.engine = Engine(make_policy(cfg.policy), ProfileEstimator(load_perf_model()))
+            self.launcher = Launcher(loop, self._on_exit, _systemd_run(cfg.systemd_scope))
+            self._stack.callback(self.launcher.close)
+            self._stack.callback(lambda: [t.cancel() for t in self._tasks])
+            self._stack.callback(self._cancel_timer)
+            self._recover()
+            from meshsched.daemon.api import start_api
+            from meshsched.daemon.jobsock import start_job_socket
+
+            self._stack.push_async_callback(await start_job_socket(self))
+            self._stack.push_async_callback(await start_api(self))
+            self._stack.callback(self._notifier.close)
+            if self._notifier.watchdog_interval:
+                task = loop.create_task(self._watchdog(self._notifier.watchdog_interval))
+                self._stack.callback(task.cancel)
+            self.started_at = time.time()
+            self.status = Status.RUNNING
+            self._notifier.send(f"READY=1\nSTATUS=serving {len(self.gpus.inventory())} GPU(s)\nMAINPID={os.getpid()}")
+        except BaseException:
+            await self._stack.aclose()
+            self.status = Status.CLOSED
+            self._closed.set()
+            raise
+
+    async def close(self) -> None:
+        if self.status in (Status.CLOSING, Status.CLOSED):
+            await self._closed.wait()
+            return
+        self.status = Status.CLOSING
+        self._notifier.send("STOPPING=1")
+        try:
+            await self._stack.aclose()
+        finally:
+            self.status = Status.CLOSED
+            self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def __aenter__(self) -> NodeDaemon:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _watchdog(self, interval: float) -> None:
+        while True:
+            self._notifier.send("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    # ---------------------------------------------------------------- the event loop of the engine
+
+    def dispatch(self, event: ev.Event) -> None:
+        """Feed `event` to the engine (events raised while handling one are queued, never nested)."""
+        self._events.append(event)
+        if self._dispatching:
+            return
+        self._dispatching = True
+        try:
+            while self._events:
+                self._handle(self._events.popleft())
+        finally:
+            self._dispatching = False
+
+    def _sid(self, kind: str) -> str:
+        return f"{kind}-{next(self._stimulus)}"
+
+    def _handle(self, event: ev.Event) -> None:
+        now = time.time()
+        touched: list[str] = []
+        jid = getattr(event, "job_id", None) or getattr(getattr(event, "spec", None), "job_id", None)
+        if jid:
+            touched.append(jid)
+        with self.journal.batch():
+            actions = self.engine.handle(event, now)
+            for action in actions:
+                if isinstance(action, ScheduleTimer):
+                    self._arm_timer(action)
+                else:
+                    touched.append(action.job_id)
+                    self._execute(action)
+            for job_id in dict.fromkeys(touched):
+                self._sync(job_id, now)
+
+    def _execute(self, action: Action) -> None:
+        rec = self.records[action.job_id]
+        if isinstance(action, Launch):
+            self._launch(rec, action)
+        elif isinstance(action, Preempt):
+            rec.pausing = True
+            self.launcher.stop(rec.job_id, self.config.kill_grace)
+        elif isinstance(action, Kill):
+            if self.mps.kind == "none":
+                self.launcher.stop(rec.job_id, self.config.kill_grace)
+            else:  # MPS: terminate_client for every worker before any signal
+                task = asyncio.get_running_loop().create_task(self._terminate_then_stop(rec))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _terminate_then_stop(self, rec: JobRecord) -> None:
+        gpus = [self.engine.state.gpus[g].local_index for g in rec.assigned]
+        workers = self.launcher.workers(rec.job_id)
+        for gpu, pid in zip(gpus, workers):
+            try:
+                await self.mps.terminate_client(gpu, pid)
+            except (RuntimeError, OSError):
+                pass  # the signals below still stop it
+        self.launcher.stop(rec.job_id, self.config.kill_grace)
+
+    def _launch(self, rec: JobRecord, action: Launch) -> None:
+        state = self.engine.state
+        local = [state.gpus[g].local_index for g in action.gpus]
+        env = dict(os.environ)
+        env.update(rec.env)
+        spec = LaunchSpec(
+            job_id=rec.job_id, command=rec.command, cwd=rec.cwd, env=env, local_gpus=local,
+            master_port=free_port(), restart=action.restart, socket=str(self.config.job_socket),
+            checkpoint_dir=str(Path(rec.job_dir) / "checkpoints"), grace=self.config.kill_grace,
+            rank_envs=[self.mps.client_env(g, share=100) for g in local],
+        )
+        try:
+            rec.supervisor_pid, rec.supervisor_start = self.launcher.spawn(Path(rec.job_dir), spec)
+        except OSError as exc:
+            self._events.append(ev.JobFailed(self._sid("launch"), rec.job_id, f"could not start: {exc}"))
+            return
+        rec.node = self.config.node_name
+        rec.pausing = False
+        self._events.append(ev.JobStarted(self._sid("spawned"), rec.job_id))
+
+    def _sync(self, job_id: str, now: float) -> None:
+        """Copy the engine's view of a job into its durable record and journal any transition."""
+        job = self.engine.state.jobs.get(job_id)
+        rec = self.records.get(job_id)
+        if job is None or rec is None:
+            return
+        old = rec.state
+        rec.state = job.state.value
+        rec.reason = job.reason
+        if job.gpus:  # kept after the job lets go: where it last ran
+            rec.assigned = list(job.gpus)
+        rec.restarts = job.restarts
+        rec.done_iterations = job.done_iterations
+        rec.checkpoint_iterations = job.checkpoint_iterations
+        rec.step_time = job.step_time
+        if job.state is JobState.LOADING and rec.start_time is None:
+            rec.start_time = now
+        if job.state.is_terminal and rec.end_time is None:
+            rec.end_time = now
+        if not job.state.holds_gpus:  # a re-adopted PAUSING job is RUNNING to the engine: keep the flag
+            rec.pausing = False
+        if old != rec.state:
+            self.journal.transition(job_id, now, rec.state, rec.reason)
+            why = f" ({rec.reason})" if rec.reason else ""
+            LOG.info("job %s (%s): %s -> %s%s", job_id, rec.name, old, rec.state, why)
+        self.journal.put(rec)
+
+    def _arm_timer(self, action: ScheduleTimer) -> None:
+        self._cancel_timer()
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, action.at - time.time())
+        self._timer = loop.call_later(delay, self.dispatch, ev.Tick(self._sid("tick"), action.key))
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_exit(self, job_id: str, outcome: Outcome) -> None:
+        """A job's supervisor ended: turn its outcome into the engine event it means."""
+        rec = self.records[job_id]
+        rec.supervisor_pid, rec.supervisor_start = 0, ""
+        job = self.engine.state.jobs.get(job_id)
+        if job is None or not job.state.holds_gpus:
+            with self.journal.batch():
+                self.journal.put(rec)
+            return
+        self.dispatch(self._outcome_event(job_id, outcome, rec.pausing or job.state is JobState.PAUSING))
+
+    def _outcome_event(self, job_id: str, outcome: Outcome, pausing: bool) -> ev.Event:
+        if outcome.status == "completed":
+            return ev.JobFinished(self._sid("exit"), job_id)
+        if outcome.status == "failed":
+            return ev.JobFailed(self._sid("exit"), job_id, outcome.reason)
+        if pausing:
+            job = self.engine.state.jobs[job_id]
+            return ev.JobPaused(self._sid("exit"), job_id, job.checkpoint_iterations)
+        return ev.JobFailed(self._sid("exit"), job_id, outcome.reason or "terminated outside meshd")
+
+    # ---------------------------------------------------------------- recovery
+
+    def _recover(self) -> None:
+        """Rebuild the engine from the journal; re-adopt live jobs, requeue the rest."""
+        inv = self.gpus.inventory()
+        node = NodeSpec(self.config.node_name, len(inv), inv[0].name, inv[0].memory_total_mb)
+        self.dispatch(ev.NodeJoined(self._sid("join"), node))
+        ngpus = len(inv)
+        for rec in self.journal.load():
+            self.records[rec.job_id] = rec
+            if rec.state in TERMINAL:
+                continue
+            spec = _spec(rec)
+            if rec.gpus > ngpus:
+                self.dispatch(ev.JobRestored(self._sid("restore"), spec, rec.restarts > 0,
+                                             rec.checkpoint_iterations, rec.restarts))
+                continue
+            if rec.state in HOLDING and rec.assigned and max(rec.assigned) < ngpus:
+                adopt = ev.JobAdopted(self._sid("adopt"), spec, tuple(rec.assigned), rec.done_iterations,
+                                      rec.checkpoint_iterations, rec.restarts)
+                job_dir = Path(rec.job_dir)
+                if self.launcher.adopt(rec.job_id, rec.supervisor_pid, rec.supervisor_start, job_dir):
+                    self.dispatch(adopt)
+                    continue
+                self.dispatch(adopt)
+                outcome = read_outcome(job_dir)
+                if outcome.status == "lost" or (outcome.status == "terminated" and not rec.pausing):
+                    why = "meshd restarted and the job's processes were gone"
+                    self.dispatch(ev.JobFailed(self._sid("recover"), rec.job_id, why, requeue=True))
+                else:
+                    self.dispatch(self._outcome_event(rec.job_id, outcome, rec.pausing))
+                continue
+            orphan = self.launcher.reap_orphan(Path(rec.job_dir))
+            if orphan is not None:
+                LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
+            self.dispatch(ev.JobRestored(self._sid("restore"), spec, rec.restarts > 0,
+                                         rec.checkpoint_iterations, rec.restarts))
+        self.dispatch(ev.RecoveryDone(self._sid("recovered")))
+        live = sum(1 for r in self.records.values() if r.state not in TERMINAL)
+        LOG.info("recovered %d job record(s), %d not finished", len(self.records), live)
+
+    # ---------------------------------------------------------------- requests (API and job socket)
+
+    def submit(self, req: SubmitRequest, user: str) -> JobRecord:
+        total = self.engine.state.total_gpus
+        if req.gpus > total:
+            raise SubmitError(f"--gpus {req.gpus}: this node has only {total} GPU(s)")
+        seq = self.journal.next_seq()
+        job_id = str(seq)
+        rec = JobRecord(
+            job_id=job_id, seq=seq, gpus=req.gpus, model=req.model, batch_size=req.batch_size,
+            iterations=req.iterations, submit_time=time.time(), name=req.name or Path(_script(req.command)).name[:40],
+            user=user, deadline=req.deadline, guaranteed=req.guaranteed, command=req.command, cwd=req.cwd,
+            env=req.env, job_dir=str(self.config.jobs_dir / job_id),
+        )
+        spec = _spec(rec)  # validates
+        self.records[job_id] = rec
+        with self.journal.batch():
+            self.journal.put(rec)
+            self.journal.transition(job_id, rec.submit_time, "PENDING", "submitted")
+        self.dispatch(ev.JobSubmitted(self._sid("submit"), spec))
+        return rec
+
+    def cancel(self, job_id: str) -> JobRecord:
+        rec = self.records[job_id]
+        if rec.state not in TERMINAL:
+            self.dispatch(ev.CancelRequested(self._sid("cancel"), job_id))
+        return rec
+
+    def job_report(self, job_id: str, iterations: float, step_time: float) -> None:
+        self.dispatch(ev.IterationReport(self._sid("report"), job_id, iterations, step_time))
+
+    def job_checkpoint(self, job_id: str, iterations: float) -> None:
+        self.dispatch(ev.CheckpointSaved(self._sid("checkpoint"), job_id, iterations))
+
+    def job_of_pid(self, pid: int) -> str | None:
+        """The job whose workers include `pid` (every worker is in its supervisor's session)."""
+        try:
+            sid = os.getsid(pid)
+        except OSError:
+            return None
+        return self.launcher.sessions.get(sid)
+
+    # ---------------------------------------------------------------- views
+
+    def job_view(self, rec: JobRecord, now: float | None = None) -> dict:
+        now = time.time() if now is None else now
+        out = {k: getattr(rec, k) for k in _VIEW_FIELDS}
+        job = self.engine.state.jobs.get(rec.job_id)
+        if job is not None and not job.state.is_terminal:
+            out["done_iterations"] = round(job.iterations_at(now), 3)
+            out["step_time"] = job.step_time
+            if job.state.is_queued:
+                out["reason"] = self.engine.pending_reason(rec.job_id)
+        start = rec.start_time
+        out["elapsed"] = 0.0 if start is None else max(0.0, (rec.end_time or now) - start)
+        out["gpu_names"] = [self.engine.state.gpus[g].local_index for g in rec.assigned]
+        return out
+
+    def list_jobs(self, include_done: bool = True) -> list[dict]:
+        now = time.time()
+        return [self.job_view(r, now) for r in self.records.values() if include_done or r.state not in TERMINAL]
+
+    def node_view(self) -> dict:
+        inv = self.gpus.inventory()
+        readings = {r.index: r for r in self.gpus.readings()}
+        state = self.engine.state
+        node = state.nodes[self.config.node_name]
+        gpus = []
+        for g in node.gpus:
+            gpu = state.gpus[g]
+            info = inv[gpu.local_index]
+            rd = readings.get(gpu.local_index)
+            gpus.append({
+                "index": gpu.local_index, "name": info.name, "uuid": info.uuid, "memory_total_mb": info.memory_total_mb,
+                "memory_used_mb": rd.memory_used_mb if rd else 0, "utilization": rd.utilization if rd else -1,
+                "temperature": rd.temperature if rd else -1, "jobs": list(gpu.jobs),
+            })
+        return {
+            "name": self.config.node_name, "backend": self.gpus.kind, "policy": self.engine.policy.name,
+            "gpus": gpus, "free_gpus": state.free_by_node[node.name], "total_gpus": node.size,
+            "alive": node.alive, "mps": self.mps.kind, "queue_length": self.engine.queue_length,
+            "running": sum(1 for r in self.records.values() if r.state in HOLDING),
+            "uptime": time.time() - self.started_at,
+        }
+
+
+def _systemd_run(mode: str) -> str | None:
+    """systemd-run when jobs should get transient scopes: `yes`, or `auto` under systemd (INVOCATION_ID set)."""
+    if mode == "no" or (mode == "auto" and not os.environ.get("INVOCATION_ID")):
+        return None
+    path = shutil.which("systemd-run")
+    if path is None and mode == "yes":
+        raise RuntimeError("systemd_scope = yes but systemd-run is not on PATH")
+    return path
+
+
+def _lock(path: Path):
+    """Hold an exclusive lock on `path` (one meshd per state dir); returns the function that releases it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RuntimeError(f"another meshd already serves {path.parent}") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return lambda: os.close(fd)
+
+
+def _script(command: list[str]) -> str:
+    """The script a command runs: the first argument after the interpreter that is not an option."""
+    if len(command) > 1 and Path(command[0]).name.startswith("python"):
+        return next((a for a in command[1:] if not a.startswith("-")), command[0])
+    return command[0]
+
+
+def _spec(rec: JobRecord) -> JobSpec:
+    return JobSpec(
+        job_id=rec.job_id, gpus=rec.gpus, model=rec.model, batch_size=rec.batch_size, iterations=rec.iterations,
+        submit_time=rec.submit_time, name=rec.name, user=rec.user, deadline=rec.deadline, guaranteed=rec.guaranteed,
+    )

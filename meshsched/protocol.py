@@ -1,0 +1,154 @@
+"""Wire formats: job-socket frames (length-prefixed msgpack) and the HTTP API's request bodies, with validation.
+
+Pure code: no sockets here. A job-socket frame is a 4-byte big-endian length followed by a msgpack map
+that carries the protocol version `v` and a message `type`. A frame longer than `MAX_FRAME` or that does
+not decode to a valid message raises `ProtocolError`; the server then closes that one connection.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+MAX_FRAME = 64 * 1024  # bytes of msgpack body
+HEADER = struct.Struct(">I")
+MESSAGE_TYPES = ("hello", "report", "checkpoint", "ping")  # job -> meshd
+REPLY_TYPES = ("ok", "error")  # meshd -> job
+
+
+class ProtocolError(ValueError):
+    """A frame or message the peer must not have sent; the connection is closed."""
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    """Frame `message` (adds the protocol version)."""
+    body = msgpack.packb({"v": PROTOCOL_VERSION, **message}, use_bin_type=True)
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"frame of {len(body)} bytes exceeds the maximum of {MAX_FRAME}")
+    return HEADER.pack(len(body)) + body
+
+
+def frame_length(header: bytes) -> int:
+    """The body length announced by a 4-byte header; ProtocolError when over MAX_FRAME."""
+    (n,) = HEADER.unpack(header)
+    if n > MAX_FRAME:
+        raise ProtocolError(f"frame of {n} bytes exceeds the maximum of {MAX_FRAME}")
+    return n
+
+
+def decode_body(body: bytes, allowed: tuple[str, ...] = MESSAGE_TYPES) -> dict[str, Any]:
+    """Decode and validate one frame body into a message dict whose type is in `allowed`."""
+    try:
+        msg = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"undecodable frame: {exc}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError("a frame must hold a map")
+    if msg.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError(f"unsupported protocol version {msg.get('v')!r} (speak {PROTOCOL_VERSION})")
+    kind = msg.get("type")
+    if kind not in allowed:
+        raise ProtocolError(f"unknown message type {kind!r}")
+    if kind in ("report", "checkpoint"):
+        _number(msg, "iterations", minimum=0.0)
+        if kind == "report":
+            _number(msg, "step_time", minimum=0.0)
+    if "job_id" in msg and not isinstance(msg["job_id"], str):
+        raise ProtocolError("job_id must be a string")
+    return msg
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes, get complete messages (for clients and tests)."""
+
+    def __init__(self, allowed: tuple[str, ...] = MESSAGE_TYPES) -> None:
+        self._buf = bytearray()
+        self._allowed = allowed
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buf += data
+        out: list[dict[str, Any]] = []
+        while len(self._buf) >= HEADER.size:
+            n = frame_length(bytes(self._buf[: HEADER.size]))
+            if len(self._buf) < HEADER.size + n:
+                break
+            body = bytes(self._buf[HEADER.size : HEADER.size + n])
+            del self._buf[: HEADER.size + n]
+            out.append(decode_body(body, self._allowed))
+        return out
+
+
+def _number(msg: dict[str, Any], key: str, minimum: float) -> float:
+    value = msg.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ProtocolError(f"{msg.get('type')}: {key} must be a finite number")
+    if value < minimum:
+        raise ProtocolError(f"{msg.get('type')}: {key} must be >= {minimum}")
+    return float(value)
+
+
+# ----------------------------------------------------------------------------- HTTP API
+
+
+class RequestError(ValueError):
+    """An HTTP request body that does not validate (answered with 400 and this message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """POST /v1/jobs: what `mesh submit` sends."""
+
+    command: list[str]  # argv; command[0] is the interpreter or executable
+    cwd: str
+    gpus: int = 1
+    batch_size: int = 32
+    iterations: int = 100
+    model: str = "custom"
+    name: str = ""
+    deadline: float | None = None  # absolute UNIX time
+    guaranteed: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Any) -> SubmitRequest:
+        if not isinstance(data, dict):
+            raise RequestError("body must be a JSON object")
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise RequestError(f"unknown field(s): {', '.join(sorted(unknown))}")
+        command = data.get("command")
+        if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+            raise RequestError("command must be a non-empty list of strings")
+        cwd = data.get("cwd")
+        if not isinstance(cwd, str) or not cwd.startswith("/"):
+            raise RequestError("cwd must be an absolute path")
+        ints = {}
+        for key, default in (("gpus", 1), ("batch_size", 32), ("iterations", 100)):
+            value = data.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RequestError(f"{key} must be an integer >= 1, got {value!r}")
+            ints[key] = value
+        deadline = data.get("deadline")
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))):
+            raise RequestError("deadline must be a UNIX time in seconds")
+        env = data.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise RequestError("env must map strings to strings")
+        for key in ("model", "name"):
+            if not isinstance(data.get(key, ""), str):
+                raise RequestError(f"{key} must be a string")
+        return cls(
+            command=list(command),
+            cwd=cwd,
+            model=data.get("model") or "custom",
+            name=data.get("name", ""),
+            deadline=None if deadline is None else float(deadline),
+            guaranteed=bool(data.get("guaranteed", False)),
+            env=dict(env),
+            **ints,
+        )

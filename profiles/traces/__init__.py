@@ -1,0 +1,1 @@
+"""Packaged copies of public cluster traces (data only; see README.md here)."""

@@ -1,0 +1,67 @@
+"""Shared helpers for the daemon tests: short socket dirs, configs, polling with a deadline, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from meshsched.daemon.config import DaemonConfig
+
+PY = sys.executable
+
+
+def short_dir() -> Path:
+    """A short directory under /tmp: Unix socket paths must stay < 100 characters."""
+    return Path(tempfile.mkdtemp(prefix="md", dir="/tmp"))
+
+
+def make_config(state: Path, runtime: Path, gpus: int = 4, **kw) -> DaemonConfig:
+    return DaemonConfig(state_dir=state, runtime_dir=runtime, fake_gpus=gpus, node_name="n1",
+                        kill_grace=kw.pop("kill_grace", 1.0), **kw).validate()
+
+
+def py(code: str) -> list[str]:
+    return [PY, "-c", code]
+
+
+async def wait_for(pred, timeout: float = 15.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def poll(pred, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def kill_sessions(pids) -> None:
+    """SIGKILL the sessions (job supervisors and their ranks) a test left behind."""
+    for pid in pids:
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def remove(*dirs: Path) -> None:
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
