@@ -16,5 +16,6 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def print_json(data: object) -> None:
-    json.dump(data, sys.stdout, indent=2, default=str)
+    """Compact JSON on one line (for scripts: pipe through `jq` to read it)."""
+    json.dump(data, sys.stdout, separators=(",", ":"), default=str)
     sys.stdout.write("\n")

@@ -12,9 +12,10 @@ from rich.table import Table
 from meshsched.cli.output import fail, print_json
 from meshsched.perf import DEFAULT_GPU_TYPE, UnknownProfile, load_perf_model
 from meshsched.policies.registry import POLICIES, UnknownPolicy, make_policy
-from meshsched.sim.loop import ClusterSpec, simulate
-from meshsched.sim.metrics import Summary, summarise, summary_dict, write_jobs_csv
+
 from meshsched.sim.traces import BUILTIN_TRACES, TraceError, TraceOptions, load_trace
+
+# The simulator proper (numpy, matplotlib) is imported inside the command so other `mesh` commands start fast.
 
 DEFAULT_POLICIES = "fifo,sjf,srtf,las,srtf@360"
 
@@ -46,6 +47,11 @@ def simulate_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
     """Replay a cluster trace through the scheduler engine under each policy and compare them."""
+    from meshsched.sim.loop import ClusterSpec, simulate
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from meshsched.sim.metrics import summarise, summary_dict
+
     if nodes < 1 or gpus_per_node < 1:
         fail(f"the cluster needs at least one node with at least one GPU (got --nodes {nodes} --gpus-per-node {gpus_per_node})")
     names = [p.strip() for p in policy.split(",") if p.strip()]
@@ -71,17 +77,22 @@ def simulate_cmd(
         err.print(f"[yellow]{too_big} job(s) need more than the cluster's {cluster.total_gpus} GPUs: reported as unschedulable[/]")
 
     results = {}
-    summaries: list[tuple[Summary, float]] = []
-    for name in names:
-        t0 = time.perf_counter()
-        with err.status(f"{name}: 0/{len(tr.jobs)} jobs arrived", spinner="dots") as status:
+    summaries: list[tuple[object, float]] = []
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("jobs arrived"),
+        TimeElapsedColumn(), console=err, transient=True, disable=json_out,
+    ) as bar:  # fmt: skip
+        for name in names:
+            task = bar.add_task(name, total=len(tr.jobs))
+            t0 = time.perf_counter()
             r = simulate(
                 tr.jobs, make_policy(name), perf, cluster,
-                progress=lambda n, name=name: status.update(f"{name}: {n}/{len(tr.jobs)} jobs arrived"),
+                progress=lambda n, task=task: bar.update(task, completed=n),
             )  # fmt: skip
-        wall = time.perf_counter() - t0
-        results[name] = r
-        summaries.append((summarise(r, name), wall))
+            wall = time.perf_counter() - t0
+            bar.remove_task(task)
+            results[name] = r
+            summaries.append((summarise(r, name), wall))
 
     if out is not None:
         _write_outputs(out, results, summaries)
@@ -104,7 +115,7 @@ def simulate_cmd(
         _print_table(tr.name, len(tr.jobs), cluster, summaries)
 
 
-def _print_table(trace: str, n: int, cluster: ClusterSpec, rows: list[tuple[Summary, float]]) -> None:
+def _print_table(trace: str, n: int, cluster, rows: list) -> None:
     t = Table(title=f"{trace}: {n} jobs on {cluster.nodes} x {cluster.gpus_per_node} {cluster.gpu_type} GPUs")
     for col in (
         "policy", "done", "unsched", "JCT h", "p50", "p95", "p99", "wait h", "span h",
@@ -124,9 +135,11 @@ def _print_table(trace: str, n: int, cluster: ClusterSpec, rows: list[tuple[Summ
     console.print(t)
 
 
-def _write_outputs(out: Path, results: dict, rows: list[tuple[Summary, float]]) -> None:
+def _write_outputs(out: Path, results: dict, rows: list) -> None:
     import csv
     import json
+
+    from meshsched.sim.metrics import summary_dict, write_jobs_csv
 
     try:
         out.mkdir(parents=True, exist_ok=True)

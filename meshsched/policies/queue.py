@@ -22,6 +22,17 @@ class Ordering(Protocol):
         ...
 
 
+def worst_first(order: Ordering, jobs, now: float) -> list[tuple[tuple, Job]]:
+    """Jobs that may be preempted (not already PAUSING), lowest priority first."""
+    ranked = [(order.priority(j, now), j) for j in jobs if j.state is not JobState.PAUSING]
+    ranked.sort(key=_first, reverse=True)
+    return ranked
+
+
+def _first(pair: tuple) -> tuple:
+    return pair[0]
+
+
 class Fifo:
     name = "fifo"
 
@@ -44,12 +55,23 @@ class ShortestRemaining:
     name = "srtf"
 
     def priority(self, job: Job, now: float) -> tuple:
-        # Job.remaining_time inlined: this runs for every running job on most passes.
-        spec = job.spec
-        done = job.done_iterations
-        if job.state is JobState.RUNNING and job.step_time > 0:
-            done = min(done + (now - job.progress_time) / job.step_time, spec.iterations)
-        return ((spec.iterations - done) * job.ideal_step_time, spec.submit_time)
+        return (job.remaining_time(now), job.spec.submit_time)
+
+    def worst_first(self, jobs, now: float) -> list[tuple[tuple, Job]]:
+        """`worst_first` with Job.remaining_time inlined: it runs over every running job on most passes."""
+        running, pausing = JobState.RUNNING, JobState.PAUSING
+        ranked = []
+        for j in jobs:
+            st = j.state
+            if st is pausing:
+                continue
+            spec = j.spec
+            done = j.done_iterations
+            if st is running and j.step_time > 0:
+                done = min(done + (now - j.progress_time) / j.step_time, spec.iterations)
+            ranked.append((((spec.iterations - done) * j.ideal_step_time, spec.submit_time), j))
+        ranked.sort(key=_first, reverse=True)
+        return ranked
 
 
 @dataclass(frozen=True)
@@ -138,6 +160,12 @@ class QueueScheduler:
         return out
 
     def _pass(self, view: ClusterView, now: float, evict_for: str | None = None) -> list[Decision]:
+        """Walk the queue best first: start what fits; if preemptive, evict worse jobs to make room.
+
+        Failures are monotone down the queue (later jobs have fewer possible victims and the free
+        pool only shrinks), so once N GPUs could not be started or made room for, no later job of N
+        or more is tried again in this pass. `evict_for` limits eviction to one job (the newcomer).
+        """
         plan = view.planner()
         soon = view.pausing_by_node() if self.preemptive else {}
         min_need = view.min_queued_gpus
@@ -146,70 +174,53 @@ class QueueScheduler:
         victims: list[tuple[tuple, Job]] | None = None  # evictable, worst first
         evicted: set[str] = set()
         self._promised.clear()
-        newcomer_seen = False
+        no_start = no_evict = total + 1  # smallest demand that could not start / get room in this pass
+        newcomer_seen = evict_for is None
         for job in view.queue():
             need = job.spec.gpus
             if need > total:
                 continue  # unschedulable here; never blocks the queue
-            newcomer_seen = newcomer_seen or job.job_id == evict_for
-            gpus = plan.take(need) if need <= plan.free_total else None
-            if gpus is not None:
-                decisions.append(Start(job.job_id, gpus, f"{self.name}: {need} GPU(s) free"))
-                continue
+            if job.job_id == evict_for:
+                newcomer_seen = True
+            if need < no_start:
+                gpus = plan.take(need) if need <= plan.free_total else None
+                if gpus is not None:
+                    decisions.append(Start(job.job_id, gpus, f"{self.name}: {need} GPU(s) free"))
+                    continue
+                no_start = need
             if not self.preemptive:
-                if self.strict or plan.free_total < min_need:
+                if self.strict or no_start <= min_need:
                     break
                 continue
-            if evict_for is not None and job.job_id != evict_for and not soon:
-                if plan.free_total < min_need and newcomer_seen:
-                    break  # the newcomer has been handled and nothing else can start
+            may_evict = need < no_evict and (evict_for is None or job.job_id == evict_for)
+            if not may_evict and not soon:
+                if no_start <= min_need and newcomer_seen and (evict_for is not None or no_evict <= min_need):
+                    break  # nothing later in the queue can start or make room
                 continue
-            # Preemptive: is room coming (checkpoints being saved), or can evictions make it?
+            # Is room coming (checkpoints being saved), or can evictions make it?
             pool = plan.free_map()
             for node, n in soon.items():
-                if n:
-                    pool[node] = pool.get(node, 0) + n
+                pool[node] = pool.get(node, 0) + n
             spot = plan.compact(pool, need)
-            prio = self.order.priority(job, now)
-            if spot is None:
-                if evict_for is not None and job.job_id != evict_for:
-                    continue
+            if spot is None and may_evict:
                 if victims is None:
-                    victims = sorted(
-                        ((self.order.priority(v, now), v) for v in view.holding() if v.state is not JobState.PAUSING),
-                        key=lambda pv: pv[0],
-                        reverse=True,
-                    )
-                chosen: list[Job] = []
-                single = need <= plan.node_size
-                pooled = sum(pool.values())
-                for vprio, v in victims:
-                    if v.job_id in evicted:
-                        continue
-                    if not vprio[0] > prio[0]:
-                        break  # only strictly lower-priority jobs are preempted
-                    chosen.append(v)
-                    touched = False
-                    for g in v.gpus:
-                        node = view.node_of(g)
-                        n = pool[node] = pool.get(node, 0) + 1
-                        touched = touched or n >= need
-                    pooled += len(v.gpus)
-                    # a one-node job can only have become placeable on a node this victim frees
-                    if (touched if single else pooled >= need) and (spot := plan.compact(pool, need)) is not None:
-                        break
+                    rank = getattr(self.order, "worst_first", None)
+                    victims = rank(view.holding(), now) if rank else worst_first(self.order, view.holding(), now)
+                spot, chosen = self._room_by_eviction(
+                    view, plan, pool, need, self.order.priority(job, now), victims, evicted
+                )
                 if spot is None:
-                    if plan.free_total < min_need and not self._worse_victim_left(victims, evicted, prio):
-                        break  # nothing later in the queue can start or evict
-                    continue
-                nodes = {node for node, _ in spot}
-                for v in chosen:
-                    if any(view.node_of(g) in nodes for g in v.gpus):
-                        evicted.add(v.job_id)
-                        decisions.append(Evict(v.job_id, f"{self.name}: preempted for {job.job_id}"))
-                        for g in v.gpus:
-                            node = view.node_of(g)
-                            soon[node] = soon.get(node, 0) + 1
+                    no_evict = need
+                else:
+                    on_spot = {node for node, _ in spot}
+                    for vid, vnodes in chosen:
+                        if on_spot.intersection(vnodes):
+                            evicted.add(vid)
+                            decisions.append(Evict(vid, f"{self.name}: preempted for {job.job_id}"))
+                            for node in vnodes:
+                                soon[node] = soon.get(node, 0) + 1
+            if spot is None:
+                continue
             # Reserve the spot: its free GPUs are held back, the GPUs being freed there are promised.
             for node, count in spot:
                 rest = count - plan.withhold(node, count)
@@ -223,11 +234,31 @@ class QueueScheduler:
         return decisions
 
     @staticmethod
-    def _worse_victim_left(victims: list[tuple[tuple, Job]] | None, evicted: set[str], prio: tuple) -> bool:
-        for vprio, v in victims or ():
-            if v.job_id not in evicted:
-                return vprio[0] > prio[0]
-        return False
+    def _room_by_eviction(
+        view: ClusterView, plan, pool: dict[str, int], need: int, prio: tuple, victims: list, evicted: set[str]
+    ) -> tuple[list[tuple[str, int]] | None, list[tuple[str, tuple[str, ...]]]]:
+        """Add strictly lower-priority jobs' GPUs to `pool`, worst first, until `need` fits compactly."""
+        chosen: list[tuple[str, tuple[str, ...]]] = []
+        single = need <= plan.node_size
+        pooled = sum(pool.values())
+        for vprio, v in victims:
+            if not vprio[0] > prio[0]:
+                break  # only strictly lower-priority jobs are preempted
+            vid = v.job_id
+            if vid in evicted:
+                continue
+            vnodes = tuple(view.node_of(g) for g in v.gpus)
+            chosen.append((vid, vnodes))
+            touched = False
+            for node in vnodes:
+                n = pool[node] = pool.get(node, 0) + 1
+                if n >= need:
+                    touched = True
+            pooled += len(vnodes)
+            # a one-node job can only have become placeable on a node this victim frees
+            if (touched if single else pooled >= need) and (spot := plan.compact(pool, need)) is not None:
+                return spot, chosen
+        return None, chosen
 
     def next_timer(self, view: ClusterView, now: float) -> float | None:
         if not view.has_runnable_queue:
