@@ -17,5 +17,5 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def print_json(data: object) -> None:
     """Compact JSON on one line (for scripts: pipe through `jq` to read it)."""
-    json.dump(data, sys.stdout, separators=(",", ":"), default=str)
+    sys.stdout.write(json.dumps(data, separators=(",", ":"), default=str))  # dumps: the C encoder
     sys.stdout.write("\n")
