@@ -47,3 +47,27 @@ def fit(
     except ImportError as e:
         fail(f"fitting needs scipy ({e}); install with: pip install 'meshsched[fit]'")
     typer.echo(fit_profiles(data, out))
+
+
+@app.command("train-ir")
+def train_ir_cmd(
+    out: Path = typer.Option(Path("profiles"), help="Where to write ir_model.json and ir_report.json (the repository's profiles/)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Train the XGBoost interference-ratio predictor on the measured colocation pairs (80/20 split by pair)."""
+    try:
+        from meshsched.perf.interference_train import train_ir
+    except ImportError as e:
+        fail(f"training needs xgboost ({e}); install with: pip install xgboost")
+    report = train_ir(load_perf_model(), out)
+    if json_out:
+        print_json(report)
+        return
+    typer.echo(
+        f"IR predictor: {report['samples']} samples, {report['pairs']} pairs ({report['train_pairs']} train / "
+        f"{report['test_pairs']} test); test RMSE xi_A {report['rmse_job_a']}, xi_B {report['rmse_job_b']} "
+        f"(predicting the train mean: {report['baseline_rmse_predict_train_mean']})"
+    )
+    for name, g in report["feature_importance_gain"].items():
+        typer.echo(f"  {name:28s} {g:.3f}")
+    typer.echo(f"wrote {out / 'ir_model.json'}")

@@ -76,11 +76,16 @@ def simulate_cmd(
     if too_big and not json_out:
         err.print(f"[yellow]{too_big} job(s) need more than the cluster's {cluster.total_gpus} GPUs: reported as unschedulable[/]")
 
+    if out is not None:  # fail before a long replay, not after it
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            fail(f"cannot create --out {out}: {e.strerror}")
     results = {}
     summaries: list[tuple[object, float]] = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("jobs arrived"),
-        TimeElapsedColumn(), console=err, transient=True, disable=json_out,
+        TimeElapsedColumn(), console=err, transient=True, disable=json_out or not err.is_terminal,
     ) as bar:  # fmt: skip
         for name in names:
             task = bar.add_task(name, total=len(tr.jobs))
@@ -102,7 +107,7 @@ def simulate_cmd(
         target = (out or Path(".")) / "simulate.png"
         plot_comparison(results, target)
         if not json_out:
-            err.print(f"plot: {target}")
+            typer.echo(f"plot: {target}", err=True)  # plain: rich would wrap a long path
     if json_out:
         print_json(
             {
@@ -141,10 +146,6 @@ def _write_outputs(out: Path, results: dict, rows: list) -> None:
 
     from meshsched.sim.metrics import summary_dict, write_jobs_csv
 
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        fail(f"cannot create --out {out}: {e.strerror}")
     for name, r in results.items():
         write_jobs_csv(r, out / f"jobs-{name.replace('@', '_at_')}.csv")
     dicts = [dict(summary_dict(s), sim_seconds=round(w, 2)) for s, w in rows]

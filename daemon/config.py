@@ -10,6 +10,7 @@ Defaults (documented in docs/daemon.md):
   node_name      the host name
   http_tcp       "" (off); "HOST:PORT" also serves the API on TCP, which then needs `token`
   kill_grace     10 s between SIGTERM and SIGKILL when a job is cancelled or preempted
+  preempt_grace  60 s from a checkpoint-and-exit directive (jobs using meshsched.job) to SIGTERM
   systemd_scope  auto: under systemd each job runs in a transient scope (systemd-run --scope); yes | no
 """
 
@@ -57,6 +58,7 @@ class DaemonConfig:
     http_tcp: str = ""
     token: str = ""
     kill_grace: float = 10.0
+    preempt_grace: float = 60.0  # checkpoint-and-exit directive -> SIGTERM, for jobs that speak meshsched.job
     use_mps: bool = False
     systemd_scope: str = "auto"  # each job in a transient systemd scope: auto (under systemd) | yes | no
 
@@ -87,6 +89,8 @@ class DaemonConfig:
             raise ConfigError("fake_gpus must be >= 0")
         if self.kill_grace < 0:
             raise ConfigError("kill_grace must be >= 0")
+        if self.preempt_grace < 0:
+            raise ConfigError("preempt_grace must be >= 0")
         if self.systemd_scope not in ("auto", "yes", "no"):
             raise ConfigError(f"systemd_scope must be auto, yes or no, got {self.systemd_scope!r}")
         if self.http_tcp and not self.token:

@@ -54,6 +54,7 @@ async def start_job_socket(daemon) -> Callable[[], Awaitable[None]]:
 
 async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     pid = peer_pid(writer)
+    rank: int | None = None  # said in `hello` by meshsched.job; directives go to rank 0's connection
     while True:
         header = await reader.readexactly(HEADER.size)
         try:
@@ -70,11 +71,19 @@ async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamW
             await _reply(writer, {"type": "error", "error": f"process {pid} may speak only for job {job_id}"})
             return
         kind = msg["type"]
-        if kind == "report":
-            daemon.job_report(job_id, float(msg["iterations"]), float(msg["step_time"]))
+        if kind == "hello" and isinstance(msg.get("rank"), int):
+            rank = msg["rank"]
+            daemon.job_hello(job_id, bool(msg.get("sdk")))
+        elif kind == "report":
+            extra = {k: float(msg[k]) for k in ("samples", "forward_time", "window") if k in msg}
+            daemon.job_report(job_id, float(msg["iterations"]), float(msg["step_time"]),
+                              rank=int(msg["rank"]) if "rank" in msg else None, **extra)
         elif kind == "checkpoint":
             daemon.job_checkpoint(job_id, float(msg["iterations"]))
-        await _reply(writer, {"type": "ok", "job_id": job_id, "seq": msg.get("seq")})
+        reply = {"type": "ok", "job_id": job_id, "seq": msg.get("seq")}
+        if rank == 0 and daemon.directives.get(job_id):
+            reply["directives"] = daemon.take_directives(job_id)
+        await _reply(writer, reply)
 
 
 async def _reply(writer: asyncio.StreamWriter, message: dict) -> None:

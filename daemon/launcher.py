@@ -25,7 +25,7 @@ from meshsched.daemon.supervisor import LaunchSpec
 class Outcome:
     """How a supervisor ended, from its result.json (status "lost" when it left none)."""
 
-    status: str  # completed | failed | terminated | lost
+    status: str  # completed | failed | terminated | preempted | lost
     reason: str
 
 

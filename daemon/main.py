@@ -24,6 +24,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--http-tcp", help="also serve the API on HOST:PORT (needs --token or MESHD_TOKEN)")
     p.add_argument("--token", help="bearer token for the TCP API")
     p.add_argument("--kill-grace", type=float, help="seconds between SIGTERM and SIGKILL for a job")
+    p.add_argument("--preempt-grace", type=float,
+                   help="seconds a meshsched.job script gets to checkpoint and exit before SIGTERM (default 60)")
     return p.parse_args(argv)
 
 

@@ -75,6 +75,10 @@ class NodeDaemon:
         self._tasks: set[asyncio.Task] = set()
         self._closed = asyncio.Event()
         self._notifier = Notifier()
+        self.sdk_jobs: set[str] = set()  # running jobs whose ranks speak meshsched.job (they take directives)
+        self.directives: dict[str, list[dict]] = {}  # job -> directives for its rank 0, sent with the next reply
+        self.throughput: dict[str, dict[int, dict]] = {}  # job -> rank -> latest report (samples/s, times)
+        self._preempt_timers: dict[str, asyncio.TimerHandle] = {}
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -101,6 +105,7 @@ class NodeDaemon:
             self._stack.callback(self.launcher.close)
             self._stack.callback(lambda: [t.cancel() for t in self._tasks])
             self._stack.callback(self._cancel_timer)
+            self._stack.callback(lambda: [t.cancel() for t in self._preempt_timers.values()])
             self._recover()
             from meshsched.daemon.api import start_api
             from meshsched.daemon.jobsock import start_job_socket
@@ -187,7 +192,12 @@ class NodeDaemon:
             self._launch(rec, action)
         elif isinstance(action, Preempt):
             rec.pausing = True
-            self.launcher.stop(rec.job_id, self.config.kill_grace)
+            if rec.job_id in self.sdk_jobs:  # cooperative: checkpoint-and-exit, SIGTERM after the grace period
+                self.send_directive(rec.job_id, {"kind": "checkpoint_exit"})
+                self._preempt_timers[rec.job_id] = asyncio.get_running_loop().call_later(
+                    self.config.preempt_grace, self._preempt_expired, rec.job_id)
+            else:
+                self.launcher.stop(rec.job_id, self.config.kill_grace)
         elif isinstance(action, Kill):
             if self.mps.kind == "none":
                 self.launcher.stop(rec.job_id, self.config.kill_grace)
@@ -195,6 +205,18 @@ class NodeDaemon:
                 task = asyncio.get_running_loop().create_task(self._terminate_then_stop(rec))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+
+    def _preempt_expired(self, job_id: str) -> None:
+        self._preempt_timers.pop(job_id, None)
+        LOG.warning("job %s: no exit %.0f s after checkpoint-and-exit; SIGTERM", job_id, self.config.preempt_grace)
+        self.launcher.stop(job_id, self.config.kill_grace)
+
+    def send_directive(self, job_id: str, directive: dict) -> None:
+        """Queue a directive (checkpoint_exit, calibrate) for the job's rank 0; it rides on the next reply."""
+        self.directives.setdefault(job_id, []).append(directive)
+
+    def take_directives(self, job_id: str) -> list[dict]:
+        return self.directives.pop(job_id, [])
 
     async def _terminate_then_stop(self, rec: JobRecord) -> None:
         gpus = [self.engine.state.gpus[g].local_index for g in rec.assigned]
@@ -211,6 +233,8 @@ class NodeDaemon:
         local = [state.gpus[g].local_index for g in action.gpus]
         env = dict(os.environ)
         env.update(rec.env)
+        env.setdefault("MESH_GRACE_PERIOD", str(self.config.preempt_grace))
+        self._forget_run(rec.job_id)
         spec = LaunchSpec(
             job_id=rec.job_id, command=rec.command, cwd=rec.cwd, env=env, local_gpus=local,
             master_port=free_port(), restart=action.restart, socket=str(self.config.job_socket),
@@ -268,6 +292,7 @@ class NodeDaemon:
         """A job's supervisor ended: turn its outcome into the engine event it means."""
         rec = self.records[job_id]
         rec.supervisor_pid, rec.supervisor_start = 0, ""
+        self._forget_run(job_id)
         job = self.engine.state.jobs.get(job_id)
         if job is None or not job.state.holds_gpus:
             with self.journal.batch():
@@ -275,9 +300,22 @@ class NodeDaemon:
             return
         self.dispatch(self._outcome_event(job_id, outcome, rec.pausing or job.state is JobState.PAUSING))
 
+    def _forget_run(self, job_id: str) -> None:
+        """Drop what belonged to the job's last run (directives, throughput, the preemption timer)."""
+        self.sdk_jobs.discard(job_id)
+        self.directives.pop(job_id, None)
+        self.throughput.pop(job_id, None)
+        timer = self._preempt_timers.pop(job_id, None)
+        if timer is not None:
+            timer.cancel()
+
     def _outcome_event(self, job_id: str, outcome: Outcome, pausing: bool) -> ev.Event:
         if outcome.status == "completed":
             return ev.JobFinished(self._sid("exit"), job_id)
+        if outcome.status == "preempted":  # checkpointed and exited on its own: resumable either way
+            if pausing:
+                return ev.JobPaused(self._sid("exit"), job_id, self.engine.state.jobs[job_id].checkpoint_iterations)
+            return ev.JobFailed(self._sid("exit"), job_id, "exited resumable without a preemption", requeue=True)
         if outcome.status == "failed":
             return ev.JobFailed(self._sid("exit"), job_id, outcome.reason)
         if pausing:
@@ -354,8 +392,21 @@ class NodeDaemon:
             self.dispatch(ev.CancelRequested(self._sid("cancel"), job_id))
         return rec
 
-    def job_report(self, job_id: str, iterations: float, step_time: float) -> None:
-        self.dispatch(ev.IterationReport(self._sid("report"), job_id, iterations, step_time))
+    def job_report(self, job_id: str, iterations: float, step_time: float, rank: int | None = None,
+                   samples: float | None = None, forward_time: float | None = None,
+                   window: float | None = None) -> None:
+        """A progress report; meshsched.job sends one per rank (rank 0's drives the engine)."""
+        if rank is not None:
+            self.throughput.setdefault(job_id, {})[rank] = {
+                "iterations": iterations, "step_time": step_time, "forward_time": forward_time or 0.0,
+                "samples_per_second": (samples or 0.0) / window if window else 0.0, "at": time.time(),
+            }
+        if not rank:
+            self.dispatch(ev.IterationReport(self._sid("report"), job_id, iterations, step_time))
+
+    def job_hello(self, job_id: str, sdk: bool) -> None:
+        if sdk:
+            self.sdk_jobs.add(job_id)
 
     def job_checkpoint(self, job_id: str, iterations: float) -> None:
         self.dispatch(ev.CheckpointSaved(self._sid("checkpoint"), job_id, iterations))
@@ -382,6 +433,10 @@ class NodeDaemon:
         start = rec.start_time
         out["elapsed"] = 0.0 if start is None else max(0.0, (rec.end_time or now) - start)
         out["gpu_names"] = [self.engine.state.gpus[g].local_index for g in rec.assigned]
+        ranks = self.throughput.get(rec.job_id)
+        if ranks and job is not None and not job.state.is_terminal:  # reported by meshsched.job, per rank
+            out["samples_per_second"] = round(sum(r["samples_per_second"] for r in ranks.values()), 3)
+            out["rank_reports"] = {str(k): v for k, v in sorted(ranks.items())}
         return out
 
     def list_jobs(self, include_done: bool = True) -> list[dict]:

@@ -4,7 +4,8 @@ It reads JOB_DIR/launch.json, starts one process per rank with torchrun's enviro
 rank's stdout+stderr to JOB_DIR/logs/rank<N>.log, and waits. When a rank fails the others get SIGTERM, then
 SIGKILL after the grace period. SIGTERM to the supervisor (cancel, preempt) is forwarded the same way.
 The outcome goes to JOB_DIR/result.json (written atomically) so that meshd learns it even if meshd was
-restarted meanwhile: {"status": completed|failed|terminated, "rank", "exit_code", "reason"}.
+restarted meanwhile: {"status": completed|failed|terminated|preempted, "rank", "exit_code", "reason"};
+"preempted" when ranks exited with PREEMPTED_EXIT_CODE (checkpointed on meshd's request) and none failed.
 Because it lives in its own session, restarting meshd does not stop a job.
 """
 
@@ -17,6 +18,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from meshsched.protocol import PREEMPTED_EXIT_CODE
 
 TAIL_LINES = 5
 
@@ -130,6 +133,7 @@ class Supervisor:
         signal.signal(signal.SIGALRM, lambda *_: self.kill_all())
         self.start()
         failure: dict | None = None
+        preempted = False
         live = set(self.procs)
         while live:
             try:
@@ -141,7 +145,9 @@ class Supervisor:
             live.discard(pid)
             code = os.waitstatus_to_exitcode(status)
             self.procs[pid].returncode = code
-            if code != 0 and failure is None and not self.terminated:
+            if code == PREEMPTED_EXIT_CODE:  # checkpointed and left on request: resumable, not a failure
+                preempted = True
+            elif code != 0 and failure is None and not self.terminated:
                 rank = self.rank_of[pid]
                 last = tail(self.job_dir / "logs" / f"rank{rank}.log")
                 why = f"exit code {code}" if code > 0 else f"signal {-code}"
@@ -152,10 +158,13 @@ class Supervisor:
                 self.stop_all()
         if self.terminated:
             result = {"status": "terminated", "rank": None, "exit_code": None, "reason": "terminated"}
+        elif preempted and failure is None:
+            result = {"status": "preempted", "rank": None, "exit_code": PREEMPTED_EXIT_CODE,
+                      "reason": "checkpointed and exited on request (resumable)"}
         else:
             result = failure or {"status": "completed", "rank": None, "exit_code": 0, "reason": ""}
         write_result(self.job_dir, result)
-        return {"completed": 0, "failed": 1}.get(result["status"], 143)
+        return {"completed": 0, "failed": 1, "preempted": PREEMPTED_EXIT_CODE}.get(result["status"], 143)
 
     def _on_term(self) -> None:
         self.terminated = True

@@ -1,33 +1,40 @@
-"""A real PyTorch DDP training script: small MLP on synthetic regression data.
+"""A real PyTorch DDP training script on meshsched.job: small MLP on a fixed synthetic regression set.
 
 Runs unmodified standalone (`python examples/train.py`), under torchrun, and under meshd
 (`mesh submit examples/train.py --gpus 2 -- --steps 50`): it reads torchrun's RANK/WORLD_SIZE/MASTER_*
-contract, uses nccl on GPUs and gloo on CPU (fake GPUs), resumes from MESH_CHECKPOINT_DIR (written
-atomically: temp file + rename), reports progress on MESH_SOCKET when present, and on SIGTERM all
-ranks stop at the same step, checkpoint, and exit 0.
+contract, uses nccl on GPUs and gloo on CPU (fake GPUs). meshsched.job does the rest: the elastic sampler
+hands each rank its share of the global batch, checkpoints go atomically to MESH_CHECKPOINT_DIR and are
+resumed on restart, SIGTERM or meshd's checkpoint-and-exit stops every rank at the same step (exit code
+75: preempted, resumable), and progress is reported to meshd in the background.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import time
-from pathlib import Path
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from meshsched import job
+
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=50, help="optimizer steps in total")
     p.add_argument("--batch-size", type=int, default=64, help="global batch (split across ranks)")
+    p.add_argument("--dataset-size", type=int, default=1024)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--checkpoint-every", type=int, default=10)
     p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--accum-steps", type=int, default=1, help="gradient-accumulation steps (same global batch)")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step (stands in for compute)")
+    p.add_argument("--log-every", type=int, default=10)
     return p.parse_args()
 
 
@@ -48,74 +55,54 @@ def setup() -> tuple[int, int, torch.device]:
     return rank, world, device
 
 
-def checkpoint_path() -> Path | None:
-    d = os.environ.get("MESH_CHECKPOINT_DIR")
-    return Path(d) / "train.pt" if d else None
-
-
-def save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
-    os.replace(tmp, path)
+def dataset(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same n samples on every rank (seeded), so a sample index means the same sample everywhere."""
+    gen = torch.Generator().manual_seed(1234)
+    x = torch.randn(n, 16, generator=gen)
+    y = (x @ torch.linspace(-1, 1, 16)).unsqueeze(1) + 0.01 * torch.randn(n, 1, generator=gen)
+    return x, y
 
 
 def main() -> None:
     args = parse_args()
     rank, world, device = setup()
-    stop = torch.zeros(1, device=device)
-    signal.signal(signal.SIGTERM, lambda *_: stop.fill_(1.0))
-    client = None
-    if rank == 0 and os.environ.get("MESH_SOCKET"):
-        from meshsched.daemon.jobclient import JobClient
-
-        client = JobClient.from_env()
-
+    x, y = dataset(args.dataset_size)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1)).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    start = 0
-    ckpt = checkpoint_path()
-    if ckpt is not None and ckpt.exists():
-        state = torch.load(ckpt, map_location=device)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        start = state["step"]
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    sampler = job.ElasticSampler(args.dataset_size, args.batch_size, world_size=world, seed=0)
+    sess = job.attach(sampler=sampler, checkpoint_every=args.checkpoint_every, accum_steps=args.accum_steps)
+    sess.track(model=model, optimizer=opt)
+    start = sess.resume()
     ddp = DDP(model)
-    per_rank = max(1, args.batch_size // world)
-    gen = torch.Generator().manual_seed(1234 + rank)
-    true_w = torch.linspace(-1, 1, 16)
     if rank == 0:
         print(f"training: world={world} backend={dist.get_backend()} device={device} from step {start}", flush=True)
-    step, t0, loss = start, time.perf_counter(), torch.zeros(())
-    while step < args.steps:
-        x = torch.randn(per_rank, 16, generator=gen)
-        y = (x @ true_w).unsqueeze(1) + 0.01 * torch.randn(per_rank, 1, generator=gen)
-        loss = nn.functional.mse_loss(ddp(x.to(device)), y.to(device))
-        opt.zero_grad()
-        loss.backward()
+    loss_sum = torch.zeros((), device=device)
+    while sess.step < args.steps:
+        loss_sum.zero_()
+        for mb in sess.micro_batches():
+            with nullcontext() if mb.sync else ddp.no_sync():
+                with sess.forward_timer():
+                    loss = nn.functional.mse_loss(ddp(x[mb.indices].to(device)), y[mb.indices].to(device))
+                (loss * mb.weight).backward()
+            loss_sum += loss.detach() * mb.weight / world  # this rank's part of the global-batch mean loss
         opt.step()
-        step += 1
-        flag = stop.clone()
-        dist.all_reduce(flag)  # every rank sees a SIGTERM at the same step
-        if rank == 0:
-            dt = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            if client is not None:
-                client.report(step, dt)
-            if ckpt is not None and (step % args.checkpoint_every == 0 or flag.item() > 0):
-                save(ckpt, model, opt, step)
-                if client is not None:
-                    client.checkpoint(step)
-            if step % 10 == 0 or step == args.steps:
-                print(f"step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
-        if flag.item() > 0:
+        opt.zero_grad()
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+        dist.all_reduce(loss_sum)  # the loss of the global batch, whatever the split
+        step = sess.step + 1
+        if rank == 0 and (step % args.log_every == 0 or step == args.steps):
+            print(f"step {step}/{args.steps} loss {loss_sum.item():.8f}", flush=True)
+        if sess.end_step():
             if rank == 0:
-                print(f"stopping at step {step} (SIGTERM); checkpoint saved", flush=True)
-            break
+                print(f"stopping at step {sess.step} ({sess.exit_reason}); checkpoint saved", flush=True)
+            sess.exit()
+    sess.close()
     dist.barrier()
     dist.destroy_process_group()
-    if rank == 0 and step >= args.steps:
-        print(f"done: {step} steps, final loss {loss.item():.4f}", flush=True)
+    if rank == 0:
+        print(f"done: {sess.step} steps, final loss {loss_sum.item():.4f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -35,3 +35,12 @@ class ScheduleTimer:
 
     at: float
     key: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetAccumulation(Action):
+    """Train with per-GPU micro-batch `micro_batch` and `accumulation` steps per optimizer step (Castor
+    Algorithm 2): the per-GPU batch per step, micro_batch * accumulation, and so the global batch, are unchanged."""
+
+    micro_batch: int
+    accumulation: int

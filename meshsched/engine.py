@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from meshsched import events as ev
-from meshsched.actions import Action, Kill, Launch, Preempt, ScheduleTimer
+from meshsched.actions import Action, Kill, Launch, Preempt, ScheduleTimer, SetAccumulation
 from meshsched.estimate import StepTimeEstimator
 from meshsched.perf.placement import ideal_placement
 from meshsched.policies.base import ClusterView, Evict, SchedulingPolicy, Start, Trigger, Wait
@@ -242,6 +242,8 @@ class Engine:
                 if job.acct.first_start is None:
                     job.acct.first_start = now
                 actions.append(Launch(job.job_id, d.gpus, job.checkpoint_iterations, job.restarts))
+                if getattr(d, "accumulation", 1) > 1:  # a sharing start with a smaller micro-batch (Castor Alg. 2)
+                    actions.append(SetAccumulation(job.job_id, d.micro_batch, d.accumulation))
                 job.restarts += 1
                 self._log(now, stimulus, job, f"start on GPUs {_fmt_gpus(d.gpus)}: {d.reason}")
             elif isinstance(d, Evict):

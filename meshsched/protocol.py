@@ -18,7 +18,8 @@ PROTOCOL_VERSION = 1
 MAX_FRAME = 64 * 1024  # bytes of msgpack body
 HEADER = struct.Struct(">I")
 MESSAGE_TYPES = ("hello", "report", "checkpoint", "ping")  # job -> meshd
-REPLY_TYPES = ("ok", "error")  # meshd -> job
+REPLY_TYPES = ("ok", "error")  # meshd -> job; an "ok" may carry "directives" (list of maps with "kind")
+PREEMPTED_EXIT_CODE = 75  # a rank that checkpointed and exited on request: preempted, resumable (EX_TEMPFAIL)
 
 
 class ProtocolError(ValueError):
@@ -58,6 +59,9 @@ def decode_body(body: bytes, allowed: tuple[str, ...] = MESSAGE_TYPES) -> dict[s
         _number(msg, "iterations", minimum=0.0)
         if kind == "report":
             _number(msg, "step_time", minimum=0.0)
+            for key in ("rank", "samples", "forward_time", "window"):  # optional, sent by meshsched.job
+                if key in msg:
+                    _number(msg, key, minimum=0.0)
     if "job_id" in msg and not isinstance(msg["job_id"], str):
         raise ProtocolError("job_id must be a string")
     return msg

@@ -108,7 +108,7 @@ def test_examples_train_runs_under_meshd_with_two_gpus(meshd):
     poll(lambda: meshd.jobs()[job]["state"] in ("COMPLETED", "FAILED"), timeout=90, what="DDP job finished")
     info = meshd.jobs()[job]
     assert info["state"] == "COMPLETED", info["reason"]
-    assert (meshd.state / "jobs" / job / "checkpoints" / "train.pt").exists()
+    assert (meshd.state / "jobs" / job / "checkpoints" / "step-00000010" / "meta.json").exists()  # meshsched.job
     log = (meshd.state / "jobs" / job / "logs" / "rank0.log").read_text()
     assert "world=2 backend=gloo" in log and "done: 12 steps" in log
 

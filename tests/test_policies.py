@@ -460,14 +460,14 @@ def test_every_registered_policy_builds_under_its_name():
         assert doc and make_policy(name).name == name
 
 
-@pytest.mark.parametrize("spec, interval", [("srtf@60", 60.0), ("srtf@360", 360.0), (" srtf@600 ", 600.0), ("sjf@0.5", 0.5)])
+@pytest.mark.parametrize("spec, interval", [("srtf@60", 60.0), ("srtf@360", 360.0), (" srtf@600 ", 600.0), ("sjf@1.5", 1.5)])
 def test_make_policy_periodic(spec, interval):
     p = make_policy(spec)
     assert p.interval == interval
     assert p.name == spec.strip()
 
 
-@pytest.mark.parametrize("spec", ["nope", "", "SRTF", "srtf@abc", "srtf@0", "srtf@-60", "srtf@nan", "@60"])
+@pytest.mark.parametrize("spec", ["nope", "", "SRTF", "srtf@abc", "srtf@0", "srtf@-60", "srtf@nan", "srtf@inf", "srtf@0.5", "@60"])
 def test_make_policy_rejects(spec):
     with pytest.raises(UnknownPolicy):
         make_policy(spec)

@@ -35,3 +35,38 @@ def perf_model_from(root: Traversable) -> PerfModel:
 def load_perf_model() -> PerfModel:
     """The PerfModel of the profiles installed with meshsched (read once per process)."""
     return perf_model_from(files("meshsched.profiles"))
+
+
+IR_MODEL_FILE = "ir_model.json"
+
+
+def ir_predictor_from(root: Traversable):
+    """The XGBoost IR predictor written by `mesh profiles train-ir`, as `rows -> list[float]`; None if absent
+    or if xgboost is not installed (then unmeasured pairs get the conservative default)."""
+    entry = root / IR_MODEL_FILE
+    if not entry.is_file():
+        return None
+    try:
+        import numpy as np
+        import xgboost as xgb
+    except ImportError:
+        return None
+    booster = xgb.Booster()
+    booster.load_model(bytearray(entry.read_bytes()))
+    booster.set_param({"nthread": 1})  # small batches: thread start-up would dominate
+
+    log_target = booster.attr("target") == "log_xi"
+
+    def predict(rows: list[list[float]]) -> list[float]:
+        out = booster.inplace_predict(np.asarray(rows, dtype=np.float32))
+        return [float(v) for v in (np.exp(out) if log_target else out)]
+
+    return predict
+
+
+@cache
+def load_interference():
+    """Interference ratios for the installed profiles: measured pairs, else the trained predictor, else default."""
+    from meshsched.perf.interference import Interference
+
+    return Interference(load_perf_model(), ir_predictor_from(files("meshsched.profiles")))

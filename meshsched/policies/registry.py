@@ -8,6 +8,9 @@ from meshsched.policies.base import SchedulingPolicy
 from meshsched.policies.queue import Fifo, LeastAttained, QueueScheduler, ShortestJob, ShortestRemaining
 
 
+MIN_INTERVAL = 1.0  # seconds; a shorter activation interval is a busy loop, not a policy
+
+
 class UnknownPolicy(ValueError):
     pass
 
@@ -48,9 +51,34 @@ def make_policy(spec: str) -> SchedulingPolicy:
             interval = float(every)
         except ValueError:
             raise UnknownPolicy(f"policy {spec!r}: the interval after @ must be seconds, got {every!r}") from None
-        if not interval > 0:
-            raise UnknownPolicy(f"policy {spec!r}: the interval must be > 0 seconds")
+        if not MIN_INTERVAL <= interval < float("inf"):
+            raise UnknownPolicy(f"policy {spec!r}: the interval must be a finite number of seconds >= {MIN_INTERVAL:g}")
     policy = entry[0](interval)
     if interval is not None:
         policy.name = f"{name}@{every}"
     return policy
+
+
+def _castor(interval: float | None) -> SchedulingPolicy:
+    from meshsched.policies.castor import Castor
+
+    return Castor()
+
+
+def _sjf_ffs(interval: float | None) -> SchedulingPolicy:
+    from meshsched.policies.castor import SjfFfs
+
+    return SjfFfs()
+
+
+def _lucid(interval: float | None) -> SchedulingPolicy:
+    from meshsched.policies.castor import Lucid
+
+    return Lucid()
+
+
+POLICIES.update({
+    "castor": (_castor, "Castor SJF-BSBF: SJF; shares a single-job GPU only when the pair's mean JCT beats waiting"),
+    "sjf-ffs": (_sjf_ffs, "SJF with first-fit GPU sharing whenever free GPUs are short"),
+    "lucid": (_lucid, "Lucid-like: shares only equal-size jobs whose combined profiled utilisation stays <= 1"),
+})

@@ -121,3 +121,45 @@ def write_jobs_csv(result: SimResult, path: Path) -> None:
 
 def summary_dict(s: Summary) -> dict[str, object]:
     return {k: (None if isinstance(v, float) and v != v else v) for k, v in asdict(s).items()}
+
+
+@dataclass(frozen=True)
+class SharingSummary:
+    """GPU sharing under a sharing policy; benefit is Castor eq. 24, t_solo / t_colocation per shared job.
+
+    t_colocation is the job's JCT as simulated. t_solo is its JCT had it waited for its partners' GPUs
+    instead (no new arrivals, as the paper assumes): its wait until the sharing start, plus the partners'
+    predicted remaining time then (the policy's estimate), plus its own solo run time; recorded by the
+    policy at the sharing decision (`share_log`).
+    """
+
+    shared_jobs: int
+    shared_fraction: float
+    benefit_mean: float
+    benefit_p50: float
+    benefit_below_1: float  # fraction of shared jobs for which sharing was worse than waiting
+
+
+def sharing_summary(result: SimResult) -> SharingSummary | None:
+    log = getattr(result.engine.policy, "share_log", None)
+    if log is None:
+        return None
+    jobs = result.engine.state.jobs
+    ratios = []
+    for rec in log.values():
+        j = jobs.get(rec.job_id)
+        if j is None or j.state is not JobState.COMPLETED:
+            continue
+        coloc = j.acct.finish_time - j.spec.submit_time
+        solo = (rec.start - j.spec.submit_time) + rec.wait_jct_from_start
+        if coloc > 0:
+            ratios.append(solo / coloc)
+    a = np.array(ratios)
+    nan = float("nan")
+    return SharingSummary(
+        shared_jobs=len(ratios),
+        shared_fraction=len(ratios) / max(1, len(jobs)),
+        benefit_mean=float(a.mean()) if a.size else nan,
+        benefit_p50=float(np.median(a)) if a.size else nan,
+        benefit_below_1=float((a < 1).mean()) if a.size else nan,
+    )

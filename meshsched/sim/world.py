@@ -1,43 +1,74 @@
 """The simulated cluster: carries out the engine's actions and reports back, with the perf model as truth.
 
-Jobs advance by rate, not by ticks: a running job's finish is one scheduled event, replaced whenever
-it is preempted. Loading takes the model's load time l, a checkpoint its pause time p (Lazer).
+Jobs advance by rate, not by ticks: a running job's finish is one scheduled event, replaced whenever its
+rate changes or it is preempted. Loading takes the model's load time l, a checkpoint its pause time p (Lazer).
+
+GPU sharing (at most two jobs per GPU): a training job's true step time is its solo step time (with its
+micro-batch and gradient accumulation, `SetAccumulation`) times the largest interference ratio xi it
+suffers on any of its GPUs from the job training next to it there (`meshsched.perf.interference`: measured
+pair, else the XGBoost prediction, else the conservative default). A job that is still loading does not
+slow its partner. When a partner starts training, pauses, finishes or is killed, every job sharing a GPU
+with it has its progress brought up to date at the old rate and its finish event rescheduled at the new
+one. Two jobs whose assumed memory (`meshsched.perf.memory`) does not fit on one GPU, or whose pair was
+measured infeasible, make the later one fail with an out-of-memory error when it starts training.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshsched import events as ev
-from meshsched.actions import Action, Kill, Launch, Preempt, ScheduleTimer
+from meshsched.actions import Action, Kill, Launch, Preempt, ScheduleTimer, SetAccumulation
+from meshsched.perf.memory import pair_fits
 from meshsched.state import JobSpec, NodeSpec
 
 
 @dataclass(slots=True)
 class _Run:
     spec: JobSpec
-    resume_from: float
-    step_time: float
-    started_at: float | None = None  # training start; None while loading
+    resume_from: float  # iterations done at `started_at` (re-based whenever the rate changes)
+    step_time: float  # current true seconds per step (solo x interference)
+    gpus: tuple[int, ...] = ()
+    solo_step: float = 0.0  # seconds per step alone with its micro-batch and accumulation
+    micro_batch: int = 0
+    accumulation: int = 1
+    started_at: float | None = None  # training start (or last re-base); None while loading
     token: int = 0  # seq of the pending JobStarted / JobFinished; stale events carry another
+    shared: bool = False  # has trained next to another job at some point
+    xi_max: float = 1.0
+    partners: set[str] = field(default_factory=set)
 
 
 class SimWorld:
     """Owns the event heap; `push` schedules an event, `pop` returns the next live one."""
 
-    def __init__(self, perf, nodes: list[NodeSpec]) -> None:  # perf: meshsched.perf.PerfModel
+    def __init__(self, perf, nodes: list[NodeSpec], interference=None) -> None:  # perf: meshsched.perf.PerfModel
         self._perf = perf
         self._gpu_node: list[str] = []
         self._gpu_type: list[str] = []
+        self._gpu_mem: list[int] = []
         for n in nodes:
             self._gpu_node += [n.name] * n.gpus
             self._gpu_type += [n.gpu_type] * n.gpus
+            self._gpu_mem += [n.gpu_memory_mb] * n.gpus
         self._heap: list[tuple[float, int, ev.Event]] = []
         self._seq = 0
         self._runs: dict[str, _Run] = {}
         self._specs: dict[str, JobSpec] = {}
+        self._training: dict[int, list[str]] = {}  # GPU -> jobs training on it (at most two)
+        self._interference = interference
+        self.oom_failures = 0
+        self._now = 0.0  # time of the last event popped
+
+    @property
+    def interference(self):
+        if self._interference is None:
+            from meshsched.perf.loader import load_interference
+
+            self._interference = load_interference()
+        return self._interference
 
     def push(self, at: float, event: ev.Event) -> int:
         self._seq += 1
@@ -48,29 +79,37 @@ class SimWorld:
         heap = self._heap
         while heap:
             at, seq, event = heapq.heappop(heap)
+            self._now = at
             if isinstance(event, (ev.JobStarted, ev.JobFinished)):
                 run = self._runs.get(event.job_id)
                 if run is None or run.token != seq:
-                    continue  # superseded by a preemption or a kill
+                    continue  # superseded by a preemption, a kill or a rate change
             return at, event
         return None
 
     def submit(self, spec: JobSpec) -> None:
         self._specs[spec.job_id] = spec
 
+    def _solo(self, run: _Run) -> float:
+        return self._perf.iteration_time(
+            run.spec.model, self._gpu_type[run.gpus[0]], self._shape(run.gpus), run.micro_batch * run.accumulation,
+            run.accumulation,
+        )
+
     def execute(self, actions: list[Action | ScheduleTimer], now: float) -> None:
         for a in actions:
             if isinstance(a, Launch):
                 spec = self._specs[a.job_id]
-                step = self._perf.iteration_time(
-                    spec.model,
-                    self._gpu_type[a.gpus[0]],
-                    self._shape(a.gpus),
-                    max(1, spec.batch_size // spec.gpus),
-                )
-                run = _Run(spec, a.resume_from, step)
+                per_gpu = max(1, spec.batch_size // spec.gpus)
+                step = self._perf.iteration_time(spec.model, self._gpu_type[a.gpus[0]], self._shape(a.gpus), per_gpu)
+                run = _Run(spec, a.resume_from, step, a.gpus, step, per_gpu)
                 self._runs[a.job_id] = run
                 run.token = self.push(now + self._perf.load_time(spec.model), ev.JobStarted(f"loaded-{a.job_id}", a.job_id))
+            elif isinstance(a, SetAccumulation):
+                run = self._runs.get(a.job_id)
+                if run is not None and run.started_at is None:
+                    run.micro_batch, run.accumulation = a.micro_batch, a.accumulation
+                    run.solo_step = run.step_time = self._solo(run)
             elif isinstance(a, Preempt):
                 run = self._runs.pop(a.job_id)
                 if run.started_at is None:  # still loading: nothing new to save
@@ -78,21 +117,113 @@ class SimWorld:
                 else:
                     done = min(run.spec.iterations, run.resume_from + (now - run.started_at) / run.step_time)
                     pause = self._perf.pause_time(run.spec.model)
+                    self._stop_training(a.job_id, run, now)
                     self.push(now + pause, ev.JobPaused(f"paused-{a.job_id}", a.job_id, done))
             elif isinstance(a, Kill):
-                self._runs.pop(a.job_id, None)
+                run = self._runs.pop(a.job_id, None)
+                if run is not None and run.started_at is not None:
+                    self._stop_training(a.job_id, run, now)
             elif isinstance(a, ScheduleTimer):
                 self.push(a.at, ev.Tick(f"tick-{a.key}", a.key))
 
     def started(self, job_id: str, now: float) -> None:
-        """Loading finished: schedule the finish from the job's true rate."""
+        """Loading finished: schedule the finish from the job's true rate (and re-rate its partners)."""
         run = self._runs[job_id]
+        partners = self._partners(run)
+        if partners and not all(self._fits(run, self._runs[p], self._gpu_type[run.gpus[0]]) for p in partners):
+            self._runs.pop(job_id)
+            self.oom_failures += 1
+            self.push(now, ev.JobFailed(f"oom-{job_id}", job_id, "out of GPU memory next to its partner"))
+            return
         run.started_at = now
-        left = run.spec.iterations - run.resume_from
-        run.token = self.push(now + left * run.step_time, ev.JobFinished(f"finished-{job_id}", job_id))
+        for g in run.gpus:
+            self._training.setdefault(g, []).append(job_id)
+        if not partners:
+            left = run.spec.iterations - run.resume_from
+            run.token = self.push(now + left * run.step_time, ev.JobFinished(f"finished-{job_id}", job_id))
+            return
+        run.shared = True
+        run.partners.update(partners)
+        self._rerate(job_id, run, now)
+        for p in partners:
+            prun = self._runs[p]
+            prun.shared = True
+            prun.partners.add(job_id)
+            self._rerate(p, prun, now)
 
     def finished(self, job_id: str) -> None:
-        self._runs.pop(job_id, None)
+        """The job's JobFinished was popped: its partners speed up from now."""
+        run = self._runs.pop(job_id, None)
+        if run is not None and run.started_at is not None:
+            self._stop_training(job_id, run, self._now)
+
+    def sharing_stats(self, job_id: str) -> tuple[bool, float] | None:
+        run = self._runs.get(job_id)
+        return None if run is None else (run.shared, run.xi_max)
+
+    # ------------------------------------------------------------------ sharing internals
+
+    def _partners(self, run: _Run) -> set[str]:
+        out: set[str] = set()
+        tr = self._training
+        for g in run.gpus:
+            lst = tr.get(g)
+            if lst:
+                out.update(lst)
+        out.discard(run.spec.job_id)
+        return out
+
+    def _fits(self, a: _Run, b: _Run, gpu_type: str) -> bool:
+        mem = self._gpu_mem[a.gpus[0]]
+        if not pair_fits(a.spec.model, a.micro_batch, b.spec.model, b.micro_batch, mem):
+            return False
+        return self.interference.xi(a.spec.model, a.micro_batch, b.spec.model, b.micro_batch, gpu_type) is not None
+
+    def _xi(self, run: _Run) -> float:
+        """The largest slowdown `run` suffers on any of its GPUs from the job training next to it."""
+        worst = 1.0
+        gpu_type = self._gpu_type[run.gpus[0]]
+        seen: set[str] = set()
+        for g in run.gpus:
+            for other in self._training.get(g, ()):
+                if other == run.spec.job_id or other in seen:
+                    continue
+                seen.add(other)
+                o = self._runs[other]
+                x = self.interference.xi(run.spec.model, run.micro_batch, o.spec.model, o.micro_batch, gpu_type)
+                xa = x[0] if x is not None else self.interference_default()
+                worst = max(worst, xa)
+        return worst
+
+    @staticmethod
+    def interference_default() -> float:
+        from meshsched.perf.interference import DEFAULT_XI
+
+        return DEFAULT_XI
+
+    def _rerate(self, job_id: str, run: _Run, now: float) -> None:
+        """Bring progress up to `now` at the old rate, then reschedule the finish at the new one."""
+        if run.started_at is None:
+            return
+        done = min(run.spec.iterations, run.resume_from + (now - run.started_at) / run.step_time)
+        run.resume_from, run.started_at = done, now
+        xi = self._xi(run)
+        run.xi_max = max(run.xi_max, xi)
+        run.step_time = run.solo_step * xi
+        run.token = self.push(now + (run.spec.iterations - done) * run.step_time, ev.JobFinished(f"finished-{job_id}", job_id))
+
+    def _stop_training(self, job_id: str, run: _Run, now: float) -> None:
+        partners = self._partners(run)
+        for g in run.gpus:
+            lst = self._training.get(g)
+            if lst and job_id in lst:
+                lst.remove(job_id)
+                if not lst:
+                    del self._training[g]
+        for p in partners:
+            prun = self._runs.get(p)
+            if prun is not None:
+                self._rerate(p, prun, now)
 
     def _shape(self, gpus: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(sorted(Counter(self._gpu_node[g] for g in gpus).values(), reverse=True))

@@ -1,0 +1,51 @@
+"""Every environment variable the training side reads, in one place (AdaptDL's `env` module habit).
+
+meshd's supervisor sets the MESH_* variables and torchrun's contract (RANK, WORLD_SIZE, ...); a script run
+standalone sees none of the MESH_* ones and gets defaults that turn the SDK's meshd features off.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_GRACE = 60.0  # seconds from a checkpoint-and-exit request to the hard stop
+DEFAULT_KEEP = 2  # checkpoints kept on disk
+DEFAULT_REPORT_INTERVAL = 1.0  # seconds between report frames (and directive polls)
+
+
+@dataclass(frozen=True, slots=True)
+class MeshEnv:
+    """The job's view of its environment (read once, at attach time)."""
+
+    job_id: str | None
+    socket: str | None
+    checkpoint_dir: str | None
+    restart_count: int
+    rank: int
+    world_size: int
+    local_rank: int
+    grace: float
+    keep: int
+    report_interval: float
+
+    @property
+    def under_meshd(self) -> bool:
+        return self.job_id is not None
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] | None = None) -> MeshEnv:
+        e = os.environ if environ is None else environ
+        return cls(
+            job_id=e.get("MESH_JOB_ID") or None,
+            socket=e.get("MESH_SOCKET") or None,
+            checkpoint_dir=e.get("MESH_CHECKPOINT_DIR") or None,
+            restart_count=int(e.get("MESH_RESTART_COUNT", "0")),
+            rank=int(e.get("RANK", "0")),
+            world_size=int(e.get("WORLD_SIZE", "1")),
+            local_rank=int(e.get("LOCAL_RANK", "0")),
+            grace=float(e.get("MESH_GRACE_PERIOD", DEFAULT_GRACE)),
+            keep=max(1, int(e.get("MESH_CHECKPOINT_KEEP", DEFAULT_KEEP))),
+            report_interval=float(e.get("MESH_REPORT_INTERVAL", DEFAULT_REPORT_INTERVAL)),
+        )

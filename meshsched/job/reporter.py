@@ -1,0 +1,110 @@
+"""Per-rank progress reports to meshd, batched and sent from a background thread.
+
+The training loop only appends a `StepRecord` to a bounded deque (no I/O, no lock held for long). Every
+`interval` seconds the thread folds the records gathered since the last flush into one `report` frame
+(latest step, samples, mean forward and iteration times) and sends it on the job socket; meshd's reply may
+carry directives (checkpoint-and-exit, calibration), handed to `on_directive`. The thread also polls when
+no step finished, so a directive reaches a job whose steps are slow. If meshd is unreachable the reports
+are dropped (and the connection retried each interval): training never waits for the scheduler.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+MAX_PENDING = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    step: int
+    samples: int
+    forward_time: float
+    iteration_time: float
+
+
+class Reporter:
+    def __init__(self, socket_path: str, rank: int, interval: float,
+                 on_directive: Callable[[dict], None]) -> None:
+        self.rank = rank
+        self.interval = max(0.01, interval)
+        self._path = socket_path
+        self._on_directive = on_directive
+        self._records: deque[StepRecord] = deque(maxlen=MAX_PENDING)
+        self._stop = threading.Event()
+        self._client = None
+        self._checkpoint: int | None = None  # step of a checkpoint meshd has not been told about
+        self.sent = 0
+        self._thread = threading.Thread(target=self._run, name=f"mesh-reporter-{rank}", daemon=True)
+        self._thread.start()
+
+    def record(self, rec: StepRecord) -> None:
+        self._records.append(rec)  # deque.append is atomic: the only cost on the training path
+
+    def checkpointed(self, step: int) -> None:
+        self._checkpoint = step  # sent with the next flush
+
+    def _connect(self):
+        from meshsched.daemon.jobclient import JobClient
+
+        try:
+            client = JobClient(self._path)
+        except OSError:
+            return None
+        try:
+            client.request({"type": "hello", "sdk": 1, "rank": self.rank})
+        except (OSError, ValueError):  # ValueError: meshd refused (ProtocolError), e.g. not one of its jobs
+            client.close()
+            return None
+        return client
+
+    def _run(self) -> None:
+        self._client = self._connect()
+        while not self._stop.wait(self.interval):
+            self.flush()
+        self.flush()
+
+    def flush(self) -> None:
+        batch: list[StepRecord] = []
+        while self._records:
+            batch.append(self._records.popleft())
+        if self._client is None:
+            self._client = self._connect()  # meshd restarted (it re-adopts jobs): say hello again
+            if self._client is None:
+                return
+        if batch:
+            n = len(batch)
+            msg = {"type": "report", "rank": self.rank, "iterations": float(batch[-1].step),
+                   "step_time": sum(r.iteration_time for r in batch) / n,
+                   "samples": float(sum(r.samples for r in batch)),
+                   "forward_time": sum(r.forward_time for r in batch) / n,
+                   "window": float(sum(r.iteration_time for r in batch))}
+        else:
+            msg = {"type": "ping"}
+        try:
+            reply = self._client.request(msg)
+        except (OSError, ValueError):
+            self._client.close()
+            self._client = None
+            return
+        self.sent += 1
+        step, self._checkpoint = self._checkpoint, None
+        if step is not None:
+            try:
+                self._client.request({"type": "checkpoint", "iterations": float(step)})
+            except (OSError, ValueError):
+                self._checkpoint = step
+                self._client.close()
+                self._client = None
+                return
+        for directive in reply.get("directives") or ():
+            self._on_directive(directive)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+        if self._client is not None:
+            self._client.close()

@@ -1,0 +1,522 @@
+"""GPU-sharing policies: Castor's SJF-BSBF (castor.txt Algorithm 1), and the SJF-FFS and Lucid-like baselines.
+
+All three walk the queue shortest expected remaining time first (no preemption) and start a job on free
+GPUs (fewest nodes) when it fits, exactly as `sjf` does. They differ in what happens when free GPUs are
+short; then a job may share GPUs that hold exactly one job (never more than two jobs per GPU):
+
+* castor: for each running job A whose GPUs hold only A, Algorithm 2 (`sharing.best_sub_batch`) picks the
+  new job's micro-batch (gradient accumulation keeps its global batch; memory must fit next to A) and
+  Theorem 1 says whether starting now beats starting after A. The jobs for which sharing pays are sorted by
+  the pair's predicted mean JCT and their GPUs taken until the job fits (free GPUs on the same nodes fill
+  the rest); if no such set exists, the job waits: waiting is better (its pending reason says why).
+* sjf-ffs: shares first-fit (lowest node, lowest GPU index) with any single-job GPU whose pair fits in
+  memory, whenever free GPUs are short, at the full batch.
+* lucid: shares only with a running job of the same GPU count, taking exactly its GPUs, and only when the
+  two jobs' profiled utilisation (`utilisation`) adds up to at most LUCID_UTIL_THRESHOLD and memory fits.
+
+On an arrival only the newcomer gets the sharing search (nothing was freed since the last pass); on a
+release, the first SHARE_SEARCH_DEPTH queued jobs that do not fit on free GPUs do.
+
+Estimates a policy can make: a running job's remaining iterations are extrapolated from the engine's
+estimate of its solo step time (the simulator sends no progress reports), so a job slowed by its partner is
+thought further along than it is. Every sharing start is recorded in `share_log` with the predicted JCT of
+the wait-instead alternative (the numerator of Castor's sharing benefit, eq. 24).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from meshsched.perf.errors import UnknownProfile
+from meshsched.perf.memory import pair_fits
+from meshsched.perf.placement import ideal_placement
+from meshsched.policies.base import ClusterView, Decision, Start, Trigger, Wait
+from meshsched.policies.sharing import BatchChoice, sub_batches, theorem1
+from meshsched.state import Job, JobState
+
+LUCID_UTIL_THRESHOLD = 1.0
+# On a release, at most this many queued jobs (the first in SJF order that do not fit on free GPUs) get the
+# sharing search; the rest had theirs when they arrived and get it again as they move up the queue.
+# A bound on the pass's cost under a backlog of thousands (castor.txt searches every pending job).
+SHARE_SEARCH_DEPTH = 64  # combined busy fraction of the pair; documented assumption (see `utilisation`)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareStart(Start):
+    """Start on GPUs that may hold another job; train with `micro_batch` x `accumulation` per GPU per step."""
+
+    micro_batch: int
+    accumulation: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShareRecord:
+    job_id: str
+    start: float  # when the sharing start was decided
+    wait_jct_from_start: float  # predicted time from `start` to completion had it waited for its partners
+    shared_jct_from_start: float  # predicted time from `start` to completion when sharing
+    partners: tuple[str, ...]
+
+
+@dataclass
+class _Host:
+    job: Job
+    gpus: tuple[int, ...]  # its GPUs that hold only it
+    nodes: dict[str, list[int]]
+
+
+@dataclass
+class SharingScheduler:
+    """SJF on free GPUs; what to do when they are short is the subclass's `_share`."""
+
+    name: str = "sharing"
+    perf: object | None = None  # meshsched.perf.PerfModel (loaded lazily)
+    interference: object | None = None  # meshsched.perf.interference.Interference
+    share_log: dict[str, ShareRecord] = field(default_factory=dict, repr=False)
+    _micro: dict[str, int] = field(default_factory=dict, repr=False)
+    _prefilled: bool = field(default=False, repr=False)
+
+    # -- protocol ----------------------------------------------------------------------------------------
+    def queue_key(self, job: Job) -> tuple:
+        return (job.remaining_time(job.since), job.spec.submit_time)
+
+    def next_timer(self, view: ClusterView, now: float) -> float | None:
+        return None
+
+    def schedule(self, view: ClusterView, now: float, trigger: Trigger) -> list[Decision]:
+        if view.queue_length == 0:
+            return []
+        self._ensure_models()
+        state = view._state  # read-only: GPU occupancy for the sharing search  # noqa: SLF001
+        if state.gpus:
+            self._prefill(state.gpus[0].gpu_type)
+        plan = view.planner()
+        total = view.total_gpus
+        out: list[Decision] = []
+        claimed: set[int] = set()  # single-job GPUs given to a sharer in this pass
+        hosts: list[_Host] | None = None
+        no_start = total + 1
+        min_need = view.min_queued_gpus
+        arrival = trigger is Trigger.ARRIVAL
+        newcomer_seen = not arrival
+        searches = 0
+        for job in view.queue():
+            need = job.spec.gpus
+            if need > total:
+                continue
+            if arrival and newcomer_seen and no_start <= min_need:
+                break  # nothing later can start on free GPUs, and the newcomer has had its sharing search
+            if job.job_id == view.arrived:
+                newcomer_seen = True
+            if need < no_start:
+                gpus = plan.take(need) if need <= plan.free_total else None
+                if gpus is not None:
+                    self._micro.pop(job.job_id, None)
+                    out.append(Start(job.job_id, gpus, f"{self.name}: {need} GPU(s) free"))
+                    continue
+                no_start = need
+            if arrival and job.job_id != view.arrived:
+                continue  # nothing was freed: only the newcomer can have gained a way to share
+            if not arrival:
+                if searches >= SHARE_SEARCH_DEPTH:
+                    if no_start <= min_need:
+                        break  # nothing later can start on free GPUs or get a sharing search
+                    continue
+                searches += 1
+            if hosts is None:
+                hosts = self._hosts(view, state)
+            d = self._share(view, state, plan, job, now, hosts, claimed)
+            if d is not None:
+                out.append(d)
+        return out
+
+    # -- helpers -----------------------------------------------------------------------------------------
+    def _ensure_models(self) -> None:
+        if self.perf is None or self.interference is None:
+            from meshsched.perf.loader import load_interference, load_perf_model
+
+            self.perf = self.perf or load_perf_model()
+            self.interference = self.interference or load_interference()
+
+    def _prefill(self, gpu_type: str) -> None:
+        prefill = getattr(self.interference, "prefill", None)
+        if prefill is not None and not self._prefilled:
+            self._prefilled = True
+            prefill(gpu_type)
+
+    def _hosts(self, view: ClusterView, state) -> list[_Host]:
+        """Running (or loading) jobs with GPUs that hold only them, in GPU order."""
+        out = []
+        gpus = state.gpus
+        for j in view.holding():
+            if j.state is JobState.PAUSING or not j.gpus:
+                continue
+            solo = tuple(g for g in j.gpus if len(gpus[g].jobs) == 1)
+            if not solo:
+                continue
+            nodes: dict[str, list[int]] = {}
+            for g in solo:
+                nodes.setdefault(gpus[g].node, []).append(g)
+            out.append(_Host(j, solo, nodes))
+        out.sort(key=lambda h: h.gpus[0])
+        return out
+
+    def micro_batch(self, job: Job) -> int:
+        return self._micro.get(job.job_id, max(1, job.spec.batch_size // job.spec.gpus))
+
+    def _remaining_iters(self, job: Job, now: float) -> float:
+        return max(0.0, job.spec.iterations - job.iterations_at(now))
+
+    def _solo_step(self, job: Job) -> float:
+        return job.step_time if job.step_time > 0 else job.ideal_step_time
+
+    def _step(self, job: Job, gpu_type: str, node_size: int, micro: int, accumulation: int) -> float:
+        """Solo step time of `job` on a compact placement with micro-batch `micro` and `accumulation` steps."""
+        placement = ideal_placement(job.spec.gpus, node_size)
+        return self.perf.iteration_time(job.spec.model, gpu_type, placement, micro * accumulation, accumulation)
+
+    def _pick_free(self, state, plan, node: str, count: int) -> list[int]:
+        """Claim `count` free GPUs of `node` from the pass's planner (they must be there)."""
+        got = plan.withhold(node, count)
+        taken = plan._taken  # noqa: SLF001 - keep the planner from handing these out again
+        picked = [g for g in state.nodes[node].gpus if not state.gpus[g].jobs and g not in taken][:got]
+        taken.update(picked)
+        return picked
+
+    def _record(self, job: Job, now: float, partners: list[Job], t_b_alone: float, shared_jct: float) -> None:
+        kappa = max((self._remaining_iters(p, now) * self._solo_step(p) for p in partners), default=0.0)
+        wait = kappa + t_b_alone * self._remaining_iters(job, now)
+        self.share_log[job.job_id] = ShareRecord(job.job_id, now, wait, shared_jct, tuple(p.job_id for p in partners))
+
+    def _share(self, view, state, plan, job: Job, now: float, hosts: list[_Host], claimed: set[int]) -> Decision | None:
+        raise NotImplementedError
+
+
+def _spot(pool: dict[str, int], need: int, node_size: int) -> list[str] | None:
+    """Nodes that can hold `need` GPUs as compactly as free placement requires, from per-node availability."""
+    if need <= node_size:
+        fits = [n for n, c in pool.items() if c >= need]
+        return [fits[0]] if fits else None
+    want_nodes = -(-need // node_size)
+    ranked = sorted(pool, key=lambda n: -pool[n])[:want_nodes]
+    return ranked if sum(pool[n] for n in ranked) >= need else None
+
+
+class _HostTable:
+    """The pass's single-job hosts as arrays for Castor's vectorised Algorithm 2 (one row per host)."""
+
+    def __init__(self, pol: "SharingScheduler", hosts: list[_Host], now: float) -> None:
+        import numpy as np
+
+        self.hosts = hosts
+        self.ta = np.array([pol._solo_step(h.job) for h in hosts], dtype=float)
+        self.ia = np.array([pol._remaining_iters(h.job, now) for h in hosts], dtype=float)
+        groups: dict[tuple[str, int], int] = {}
+        self.gidx = np.array(
+            [groups.setdefault((h.job.spec.model, pol.micro_batch(h.job)), len(groups)) for h in hosts], dtype=np.int64
+        )
+        self.groups = list(groups)
+        self.ngpus = np.array([len(h.gpus) for h in hosts], dtype=np.int64)
+        self.alive = self.ia > 0
+        self.free_single = int(self.ngpus[self.alive].sum())
+        self.xi_cache: dict[tuple[str, int], tuple] = {}  # (model_b, micro_b) -> per-group xi arrays
+
+    def claim(self, i: int) -> None:
+        if self.alive[i]:
+            self.alive[i] = False
+            self.free_single -= int(self.ngpus[i])
+
+
+@dataclass
+class Castor(SharingScheduler):
+    """SJF-BSBF: share only where Algorithm 2 / Theorem 1 say the pair's mean JCT beats waiting.
+
+    On an arrival only the newcomer is considered for sharing (nothing was freed, and every other queued
+    job was already judged against the same hosts at the last pass); on a release, every queued job that
+    does not fit on free GPUs is, in queue order. Algorithm 2 runs vectorised over all hosts at once
+    (`sharing.best_sub_batch` is the scalar reference; tests check they agree).
+    """
+
+    name: str = "castor"
+
+    def schedule(self, view, now, trigger):
+        self._table = None
+        return super().schedule(view, now, trigger)
+
+    def _share(self, view, state, plan, job, now, hosts, claimed):
+        import numpy as np
+
+        if self._table is None:
+            self._table = _HostTable(self, hosts, now)
+        tab = self._table
+        need = job.spec.gpus
+        if plan.free_total + tab.free_single < need:
+            return None
+        node_size = plan.node_size
+        gpu_type = state.gpus[0].gpu_type
+        mem = state.gpus[0].memory_mb
+        per_gpu = max(1, job.spec.batch_size // need)
+        try:
+            t_b_alone = self._step(job, gpu_type, node_size, per_gpu, 1)
+        except (UnknownProfile, ValueError):
+            return Wait(job.job_id, f"{self.name}: no profile to judge sharing; waiting for free GPUs")
+        i_b = self._remaining_iters(job, now)
+        model_b = job.spec.model
+        inter = self.interference
+        ta, ia, gidx = tab.ta, tab.ia, tab.gidx
+        n_groups = len(tab.groups)
+        best = np.full(len(ta), np.inf)
+        best_b = np.zeros(len(ta), dtype=np.int64)
+        best_xa = np.ones(len(ta))
+        best_xb = np.ones(len(ta))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for b in sub_batches(per_gpu):
+                hit = tab.xi_cache.get((model_b, b))
+                if hit is None:
+                    xa_g = np.full(n_groups, np.nan)
+                    xb_g = np.full(n_groups, np.nan)
+                    for gi, (ma, mia) in enumerate(tab.groups):
+                        if pair_fits(ma, mia, model_b, b, mem):
+                            x = inter.xi(ma, mia, model_b, b, gpu_type)
+                            if x is not None:
+                                xa_g[gi], xb_g[gi] = x
+                    hit = tab.xi_cache[(model_b, b)] = (xa_g, xb_g, bool(np.isnan(xa_g).all()))
+                xa_g, xb_g, none = hit
+                if none:
+                    continue
+                t_b = self._step(job, gpu_type, node_size, b, per_gpu // b)
+                xa, xb = xa_g[gidx], xb_g[gidx]
+                ha, hb = ta * xa, t_b * xb
+                first_b = ha * ia >= hb * i_b  # case 1: B finishes first (eq. 16-17)
+                tb1 = hb * i_b
+                ta1 = tb1 + ta * (ia - tb1 / ha)
+                ta2 = ha * ia  # case 2: A finishes first (eq. 20-21)
+                tb2 = ta2 + t_b * (i_b - ta2 / hb)
+                mean = np.where(first_b, ta1 + tb1, ta2 + tb2) / 2
+                mean = np.where(np.isnan(xa) | ~tab.alive, np.inf, mean)
+                better = mean < best
+                best = np.where(better, mean, best)
+                best_b = np.where(better, b, best_b)
+                best_xa = np.where(better, xa, best_xa)
+                best_xb = np.where(better, xb, best_xb)
+        wait = ta * ia + t_b_alone * i_b / 2
+        feasible = np.isfinite(best)
+        if not feasible.any():
+            return None
+        pays = feasible & (best < wait)
+        if not pays.any():
+            i = int(np.argmin(np.where(feasible, best, np.inf)))
+            return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[i]:.0f}s after vs "
+                                    f"{best[i]:.0f}s shared, best of {int(feasible.sum())} partners)")
+        idx = np.flatnonzero(pays)
+        order = idx[np.lexsort((idx, best[idx]))]
+        cands = [
+            (float(best[i]), tab.hosts[i], int(i), BatchChoice(
+                True, int(best_b[i]), per_gpu // int(best_b[i]), float(best_xa[i]), float(best_xb[i]),
+                theorem1(float(ta[i]), float(ia[i]), float(best_xa[i]),
+                         self._step(job, gpu_type, node_size, int(best_b[i]), per_gpu // int(best_b[i])),
+                         i_b, float(best_xb[i]), t_b_alone),
+            ))
+            for i in order[: max(need, 1) * 2 + 8]
+        ]  # fmt: skip
+        return self._place(state, plan, job, now, cands, need, node_size, per_gpu, t_b_alone, claimed)
+
+    def _place(self, state, plan, job, now, cands, need, node_size, per_gpu, t_b_alone, claimed):
+        # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds the job.
+        pool = plan.free_map()
+        shared_by_node: dict[str, list[tuple[int, _Host, int, BatchChoice]]] = {}
+        chosen_nodes = None
+        for _, h, i, c in cands:
+            for node, gs in h.nodes.items():
+                lst = shared_by_node.setdefault(node, [])
+                for g in gs:
+                    lst.append((g, h, i, c))
+                pool[node] = pool.get(node, 0) + len(gs)
+            chosen_nodes = _spot(pool, need, node_size)
+            if chosen_nodes is not None:
+                break
+        if chosen_nodes is None:
+            return Wait(job.job_id, f"{self.name}: sharing pays with {len(cands)} job(s) but their GPUs cannot hold it compactly")
+        gpus: list[int] = []
+        partners: dict[str, tuple[Job, int, BatchChoice]] = {}
+        free_needed: list[tuple[str, int]] = []
+        left = need
+        for node in chosen_nodes:  # shared GPUs first (Castor keeps free GPUs for others), then free ones
+            take = min(left, pool[node])
+            left -= take
+            shared = shared_by_node.get(node, [])[:take]
+            for g, h, i, c in shared:
+                gpus.append(g)
+                partners[h.job.job_id] = (h.job, i, c)
+            if take > len(shared):
+                free_needed.append((node, take - len(shared)))
+        if len(gpus) + sum(n for _, n in free_needed) != need or not partners:
+            return None
+        # One micro-batch for all of the job's GPUs: the smallest partner's choice, or smaller, that fits
+        # in memory and is feasible next to every partner.
+        mem, gpu_type = state.gpus[0].memory_mb, state.gpus[0].gpu_type
+        top = min(c.sub_batch for _, _, c in partners.values())
+        micro = next(
+            (b for b in sub_batches(per_gpu) if b <= top and all(
+                pair_fits(p.spec.model, self.micro_batch(p), job.spec.model, b, mem)
+                and self.interference.xi(p.spec.model, self.micro_batch(p), job.spec.model, b, gpu_type) is not None
+                for p, _, _ in partners.values())),
+            None,
+        )  # fmt: skip
+        if micro is None:
+            return Wait(job.job_id, f"{self.name}: no micro-batch fits next to all of {','.join(sorted(partners))}")
+        for node, n in free_needed:
+            gpus += self._pick_free(state, plan, node, n)
+        claimed.update(gpus)
+        for _, i, _ in partners.values():
+            self._table.claim(i)
+        acc = per_gpu // micro
+        worst = max(partners.values(), key=lambda p: p[2].outcome.t_b)[2]
+        self._micro[job.job_id] = micro
+        self._record(job, now, [p for p, _, _ in partners.values()], t_b_alone, worst.outcome.t_b)
+        o = worst.outcome
+        return ShareStart(
+            job.job_id, tuple(gpus),
+            f"{self.name}: share with {','.join(sorted(partners))}, micro-batch {micro} x {acc}; pair mean JCT "
+            f"{o.shared_mean:.0f}s shared vs {o.wait_mean:.0f}s after (xi {worst.xi_a:.2f}/{worst.xi_b:.2f})",
+            micro, acc,
+        )  # fmt: skip
+
+
+@dataclass
+class SjfFfs(SharingScheduler):
+    """SJF with first-fit sharing whenever free GPUs are short (full batch; memory must fit)."""
+
+    name: str = "sjf-ffs"
+
+    def _share(self, view, state, plan, job, now, hosts, claimed):
+        need = job.spec.gpus
+        node_size = plan.node_size
+        gpu_type = state.gpus[0].gpu_type
+        mem = state.gpus[0].memory_mb
+        per_gpu = max(1, job.spec.batch_size // need)
+        model_b = job.spec.model
+        inter = self.interference
+        free = plan.free_map()
+        usable: dict[str, list[tuple[int, Job | None]]] = {}
+        for h in hosts:
+            a = h.job
+            ok = pair_fits(a.spec.model, self.micro_batch(a), model_b, per_gpu, mem) and (
+                inter.xi(a.spec.model, self.micro_batch(a), model_b, per_gpu, gpu_type) is not None
+            )
+            if not ok:
+                continue
+            for node, gs in h.nodes.items():
+                usable.setdefault(node, []).extend((g, a) for g in gs if g not in claimed)
+        pool = {n: free.get(n, 0) + len(usable.get(n, [])) for n in sorted(set(free) | set(usable))}
+        nodes = _spot(pool, need, node_size)
+        if nodes is None:
+            return None
+        gpus: list[int] = []
+        partners: dict[str, Job] = {}
+        left = need
+        for node in nodes:
+            take = min(left, pool[node])
+            left -= take
+            items = sorted(usable.get(node, []), key=lambda x: x[0])
+            n_free = min(free.get(node, 0), take)
+            if n_free:
+                gpus += self._pick_free(state, plan, node, n_free)
+            for g, a in items[: take - n_free]:
+                gpus.append(g)
+                partners[a.job_id] = a
+        if len(gpus) != need:
+            return None
+        claimed.update(gpus)
+        self._micro.pop(job.job_id, None)
+        if not partners:
+            return Start(job.job_id, tuple(gpus), f"{self.name}: {need} GPU(s) free")
+        try:
+            t_b = self._step(job, gpu_type, node_size, per_gpu, 1)
+            self._record(job, now, list(partners.values()), t_b, float("nan"))
+        except (UnknownProfile, ValueError):
+            pass
+        return Start(job.job_id, tuple(gpus), f"{self.name}: first-fit sharing with {','.join(sorted(partners))}")
+
+
+def utilisation(perf, model: str, gpu_type: str, per_gpu_batch: int) -> float:
+    """Lucid-like profiled utilisation proxy: the share of a solo step spent in batch-proportional compute,
+    beta*b / (alpha + beta*b) from the fitted profile (the fixed per-step part alpha is launch/framework time
+    that leaves the GPU idle). No profile measures SM activity, so this is an assumption."""
+    p = perf.profile(model, gpu_type).params
+    work = p.beta_comp * per_gpu_batch
+    return work / (p.alpha_comp + work)
+
+
+@lru_cache(maxsize=1 << 12)
+def _util(perf, model: str, gpu_type: str, per_gpu_batch: int) -> float:
+    return utilisation(perf, model, gpu_type, per_gpu_batch)
+
+
+@dataclass
+class Lucid(SharingScheduler):
+    """Lucid-like packing: same GPU count, exactly the partner's GPUs, combined utilisation <= threshold."""
+
+    name: str = "lucid"
+    threshold: float = LUCID_UTIL_THRESHOLD
+    _by_size: dict | None = field(default=None, repr=False)
+
+    def schedule(self, view, now, trigger):
+        self._by_size = None
+        return super().schedule(view, now, trigger)
+
+    def _sized(self, hosts: list[_Host], gpu_type: str) -> dict[int, list[tuple[float, int, _Host]]]:
+        """Hosts whose every GPU holds only them, by GPU count, lowest utilisation first (built once per pass)."""
+        if self._by_size is None:
+            by: dict[int, list[tuple[float, int, _Host]]] = {}
+            for h in hosts:
+                a = h.job
+                if len(h.gpus) != a.spec.gpus:
+                    continue
+                try:
+                    u = _util(self.perf, a.spec.model, gpu_type, self.micro_batch(a))
+                except UnknownProfile:
+                    continue
+                by.setdefault(a.spec.gpus, []).append((u, h.gpus[0], h))
+            for lst in by.values():
+                lst.sort(key=lambda x: (x[0], x[1]))
+            self._by_size = by
+        return self._by_size
+
+    def _share(self, view, state, plan, job, now, hosts, claimed):
+        need = job.spec.gpus
+        gpu_type = state.gpus[0].gpu_type
+        mem = state.gpus[0].memory_mb
+        per_gpu = max(1, job.spec.batch_size // need)
+        model_b = job.spec.model
+        try:
+            u_b = _util(self.perf, model_b, gpu_type, per_gpu)
+        except UnknownProfile:
+            return None
+        best = None
+        for u_a, _, h in self._sized(hosts, gpu_type).get(need, ()):
+            u = u_b + u_a
+            if u > self.threshold:
+                break  # sorted: every later host is busier
+            if claimed.intersection(h.gpus):
+                continue
+            a = h.job
+            micro_a = self.micro_batch(a)
+            if not pair_fits(a.spec.model, micro_a, model_b, per_gpu, mem):
+                continue
+            if self.interference.xi(a.spec.model, micro_a, model_b, per_gpu, gpu_type) is None:
+                continue
+            best = (u, h)
+            break
+        if best is None:
+            return None
+        u, h = best
+        claimed.update(h.gpus)
+        self._micro.pop(job.job_id, None)
+        try:
+            t_b = self._step(job, gpu_type, plan.node_size, per_gpu, 1)
+            self._record(job, now, [h.job], t_b, float("nan"))
+        except (UnknownProfile, ValueError):
+            pass
+        return Start(job.job_id, h.gpus, f"{self.name}: packed with {h.job.job_id} (utilisation {u:.2f})")

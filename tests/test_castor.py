@@ -1,0 +1,325 @@
+"""Castor: Theorem 1 (the paper's two cases, brute force over kappa), Algorithm 2 (global batch and memory
+limit always respected), Algorithm 1 on hand-made snapshots (two jobs per GPU at most, wait instead of
+sharing), the sharing baselines, and the simulator's rate changes when partners start and finish."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from meshsched import events as ev
+from meshsched.actions import Launch, SetAccumulation
+from meshsched.engine import Engine
+from meshsched.estimate import ProfileEstimator
+from meshsched.perf import load_perf_model
+from meshsched.perf.memory import job_memory_mb, pair_fits
+from meshsched.policies.castor import Castor, Lucid, ShareStart, SjfFfs
+from meshsched.policies.base import Start, Wait
+from meshsched.policies.registry import make_policy
+from meshsched.policies.sharing import best_sub_batch, eq23_slope, pair_times, sub_batches, theorem1
+from meshsched.sim.world import SimWorld
+from meshsched.state import ClusterState, JobSpec, JobState, NodeSpec
+
+PERF = load_perf_model()
+
+
+class FixedXi:
+    """Interference stub: every pair slows A by xa and B by xb (None: infeasible)."""
+
+    def __init__(self, xa=1.2, xb=1.2, infeasible=False, by_model=None):
+        self.v = None if infeasible else (xa, xb)
+        self.by_model = by_model
+
+    def xi(self, model_a, batch_a, model_b, batch_b, gpu_type):
+        if self.by_model is not None:
+            return (self.by_model[model_a], self.by_model[model_b])
+        return self.v
+
+
+# ---------------------------------------------------------------- Theorem 1
+
+
+def test_theorem1_case1_matches_eq19():
+    # Case 1: hat t_A i_A >= hat t_B i_B: B (short) finishes first under full overlap.
+    t_a, i_a, xa, t_b, i_b, xb = 1.0, 1000, 1.2, 0.5, 100, 1.5
+    ta, tb = pair_times(t_a, i_a, xa, t_b, i_b, xb, 0.0)
+    eq19 = xb * t_b * i_b + t_a * i_a / 2 - xb * t_b * i_b / (2 * xa)
+    assert (ta + tb) / 2 == pytest.approx(eq19)
+    assert tb == pytest.approx(xb * t_b * i_b)  # eq. 17
+    o = theorem1(t_a, i_a, xa, t_b, i_b, xb)
+    assert o.share and o.mean_jct == pytest.approx(eq19)
+    assert o.wait_mean == pytest.approx(t_a * i_a + t_b * i_b / 2)
+
+
+@pytest.mark.parametrize("xa, xb, share", [(1.2, 1.3, True), (2.0, 2.0, False)])
+def test_theorem1_case2_eq23_slope_decides(xa, xb, share):
+    # Case 2: A finishes first; mean JCT is linear in kappa with the slope of eq. 23.
+    t_a, i_a, t_b, i_b = 1.0, 100, 1.0, 1000
+    for kappa in (0.0, 20.0, 50.0):
+        ta, tb = pair_times(t_a, i_a, xa, t_b, i_b, xb, kappa)
+        eq23 = eq23_slope(xa, xb) * kappa + (1 - 1 / (2 * xb)) * t_a * xa * i_a + t_b * i_b / 2
+        assert (ta + tb) / 2 == pytest.approx(eq23)
+    assert (eq23_slope(xa, xb) > 0) is share
+    assert theorem1(t_a, i_a, xa, t_b, i_b, xb).share is share
+
+
+def test_theorem1_brute_force_over_kappa():
+    rng = random.Random(7)
+    for _ in range(400):
+        t_a, t_b = rng.uniform(0.05, 2), rng.uniform(0.05, 2)
+        i_a, i_b = rng.uniform(1, 5000), rng.uniform(1, 5000)
+        xa, xb = rng.uniform(1, 6), rng.uniform(1, 6)
+        o = theorem1(t_a, i_a, xa, t_b, i_b, xb)
+        end = t_a * i_a
+        brute = min(sum(pair_times(t_a, i_a, xa, t_b, i_b, xb, end * k / 500)) / 2 for k in range(501))
+        assert o.mean_jct <= brute + 1e-9 * max(1.0, brute)
+        assert o.mean_jct == pytest.approx(min(o.shared_mean, o.wait_mean))
+
+
+# ---------------------------------------------------------------- Algorithm 2
+
+
+def test_sub_batches_divide():
+    assert sub_batches(64) == [64, 32, 16, 8, 4, 2, 1]
+    assert sub_batches(10) == [10, 5, 2, 1]
+    assert sub_batches(1) == [1]
+    for b in range(1, 300):
+        assert all(b % s == 0 for s in sub_batches(b))
+
+
+def test_algorithm2_respects_global_batch_and_memory():
+    rng = random.Random(3)
+    mem = PERF.gpu_memory_mb("v100")
+    models = PERF.models("v100")
+    for _ in range(300):
+        ma, mb = rng.choice(models), rng.choice(models)
+        ba = rng.choice(PERF.profiled_batches(ma, "v100"))
+        big = rng.choice(PERF.profiled_batches(mb, "v100")) * rng.choice((1, 2, 4))
+        xi = FixedXi(rng.uniform(1, 3), rng.uniform(1, 3))
+
+        def step(b, s, mb=mb, big=big):
+            assert b * s == big  # the per-GPU (hence global) batch never changes
+            return PERF.iteration_time(mb, "v100", (1,), b * s, s)
+
+        c = best_sub_batch(
+            1.0, rng.uniform(10, 1e4), rng.uniform(10, 1e4), big, step,
+            lambda b: xi.xi(ma, ba, mb, b, "v100"), lambda b: pair_fits(ma, ba, mb, b, mem),
+        )  # fmt: skip
+        if c is None:
+            assert not any(pair_fits(ma, ba, mb, b, mem) for b in sub_batches(big))
+            continue
+        assert c.sub_batch * c.accumulation == big
+        assert job_memory_mb(ma, ba) + job_memory_mb(mb, c.sub_batch) <= mem
+
+
+def test_algorithm2_shrinks_micro_batch_to_fit():
+    mem = PERF.gpu_memory_mb("v100")
+    assert not pair_fits("resnet50", 64, "resnet50", 128, mem)
+    c = best_sub_batch(
+        0.2, 1e5, 100, 128, lambda b, s: PERF.iteration_time("resnet50", "v100", (1,), b * s, s),
+        lambda b: (1.1, 1.1), lambda b: pair_fits("resnet50", 64, "resnet50", b, mem),
+    )  # fmt: skip
+    assert c is not None and c.sub_batch < 128 and pair_fits("resnet50", 64, "resnet50", c.sub_batch, mem)
+
+
+# ---------------------------------------------------------------- Algorithm 1 on snapshots
+
+
+class Snap:
+    def __init__(self, policy, nodes=(("n0", 2),)):
+        self.engine = Engine(policy, ProfileEstimator(PERF), ClusterState())
+        self.n = 0
+        for name, g in nodes:
+            self(ev.NodeJoined(f"join-{name}", NodeSpec(name, g, "v100", 16384)), 0.0)
+
+    def __call__(self, event, now):
+        actions = self.engine.handle(event, now)
+        self.engine.state.validate()
+        return actions
+
+    def submit(self, job_id, gpus, iterations, now, model="resnet18", per_gpu=64):
+        self.n += 1
+        spec = JobSpec(job_id, gpus, model, per_gpu * gpus, iterations, submit_time=now)
+        return self(ev.JobSubmitted(f"s{self.n}", spec), now)
+
+    def started(self, job_id, now):
+        self.n += 1
+        return self(ev.JobStarted(f"st{self.n}", job_id), now)
+
+
+def test_castor_shares_when_it_pays_and_never_three_per_gpu():
+    s = Snap(Castor(perf=PERF, interference=FixedXi(1.1, 1.2)))
+    s.submit("A", 2, 100_000, 0.0)
+    s.started("A", 30.0)
+    acts = s.submit("B", 2, 1_000, 40.0)
+    assert [type(a) for a in acts] == [Launch]
+    assert set(acts[0].gpus) == {0, 1}
+    assert s.engine.state.gpus[0].jobs == ["A", "B"]
+    acts = s.submit("C", 1, 10, 50.0)  # both GPUs hold two jobs: C can only wait
+    assert not any(isinstance(a, Launch) for a in acts)
+    assert s.engine.state.jobs["C"].state is JobState.PENDING
+    assert all(len(g.jobs) <= 2 for g in s.engine.state.gpus)
+
+
+def test_castor_waits_when_waiting_is_better():
+    pol = Castor(perf=PERF, interference=FixedXi(3.0, 3.0))
+    s = Snap(pol)
+    s.submit("A", 2, 1_000, 0.0)
+    s.started("A", 30.0)
+    acts = s.submit("B", 2, 100_000, 40.0)
+    assert not any(isinstance(a, Launch) for a in acts)
+    job = s.engine.state.jobs["B"]
+    assert job.state is JobState.PENDING and "waiting beats sharing" in job.reason
+
+
+def test_castor_infeasible_pair_is_not_shared():
+    s = Snap(Castor(perf=PERF, interference=FixedXi(infeasible=True)))
+    s.submit("A", 2, 1_000, 0.0)
+    acts = s.submit("B", 2, 1_000, 1.0)
+    assert not any(isinstance(a, Launch) for a in acts)
+
+
+def test_castor_uses_free_gpus_first_and_emits_accumulation():
+    s = Snap(Castor(perf=PERF, interference=FixedXi(1.05, 1.05)), nodes=(("n0", 2),))
+    s.submit("A", 1, 1_000_000, 0.0, model="resnet50", per_gpu=64)
+    acts = s.submit("B", 1, 100, 1.0)
+    assert acts[0].gpus == (1,)  # a free GPU: no sharing
+    s.started("A", 30.0)
+    s.started("B", 31.0)
+    acts = s.submit("C", 1, 100, 40.0, model="resnet50", per_gpu=128)  # 64 + 128 of ResNet-50 do not fit
+    launches = [a for a in acts if isinstance(a, Launch)]
+    accs = [a for a in acts if isinstance(a, SetAccumulation)]
+    assert len(launches) == 1 and len(accs) == 1
+    assert accs[0].micro_batch * accs[0].accumulation == 128
+    assert pair_fits("resnet50", 64, "resnet50", accs[0].micro_batch, 16384) or launches[0].gpus == (1,)
+
+
+def test_policy_pass_leaves_state_unchanged():
+    s = Snap(Castor(perf=PERF, interference=FixedXi(1.1, 1.1)), nodes=(("n0", 4),))
+    s.submit("A", 4, 100_000, 0.0)
+    s.started("A", 30.0)
+    s.submit("B", 4, 100_000, 1.0)  # pending? shares
+    before = {g.index: list(g.jobs) for g in s.engine.state.gpus}
+    s.engine.policy.schedule(s.engine.view(), 50.0, __import__("meshsched.policies.base", fromlist=["Trigger"]).Trigger.RELEASE)
+    assert before == {g.index: list(g.jobs) for g in s.engine.state.gpus}
+
+
+def test_sjf_ffs_shares_first_fit_and_lucid_needs_equal_size():
+    s = Snap(SjfFfs(perf=PERF, interference=FixedXi(3.0, 3.0)))
+    s.submit("A", 2, 1_000, 0.0)
+    acts = s.submit("B", 1, 1_000, 1.0)
+    assert [a.gpus for a in acts if isinstance(a, Launch)] == [(0,)]  # shares even when it hurts
+    s2 = Snap(Lucid(perf=PERF, interference=FixedXi(1.1, 1.1), threshold=10.0))
+    s2.submit("A", 2, 1_000, 0.0)
+    assert not any(isinstance(a, Launch) for a in s2.submit("B", 1, 1_000, 1.0))
+    assert [a.gpus for a in s2.submit("C", 2, 1_000, 2.0) if isinstance(a, Launch)] == [(0, 1)]
+    s3 = Snap(Lucid(perf=PERF, interference=FixedXi(1.1, 1.1), threshold=0.0))
+    s3.submit("A", 2, 1_000, 0.0)
+    assert not any(isinstance(a, Launch) for a in s3.submit("C", 2, 1_000, 2.0))
+
+
+def test_registry_knows_sharing_policies():
+    for name in ("castor", "sjf-ffs", "lucid"):
+        assert make_policy(name).name == name
+
+
+# ---------------------------------------------------------------- the simulator's sharing
+
+
+def test_world_rerates_partners_by_xi():
+    nodes = [NodeSpec("n0", 1, "v100", 16384)]
+    w = SimWorld(PERF, nodes, interference=FixedXi(by_model={"resnet18": 1.5, "transformer": 2.0}))
+    a = JobSpec("A", 1, "resnet18", 64, 10_000)
+    b = JobSpec("B", 1, "transformer", 64, 1_000)
+    w.submit(a)
+    w.submit(b)
+    t = PERF.iteration_time("resnet18", "v100", (1,), 64)
+    w.execute([Launch("A", (0,), 0.0, 0)], 0.0)
+    la = PERF.load_time("resnet18")
+    assert w.pop() == (la, ev.JobStarted("loaded-A", "A"))
+    w.started("A", la)
+    w.execute([Launch("B", (0,), 0.0, 0)], la)
+    at, e = w.pop()
+    assert isinstance(e, ev.JobStarted) and e.job_id == "B"
+    w.started("B", at)
+    # from `at` on: A at xi_A = 1.5 (B is A's partner), B at 2.0; the predicted pair times of Theorem 1's model
+    t_b = PERF.iteration_time("transformer", "v100", (1,), 64)
+    ta, tb = pair_times(t, 10_000 - (at - la) / t, 1.5, t_b, 1_000, 2.0, 0.0)
+    bt, fin = w.pop()
+    assert fin.job_id == "B" and bt == pytest.approx(at + tb, rel=1e-9)
+    w.finished("B")
+    at2, fin2 = w.pop()
+    assert fin2.job_id == "A" and at2 == pytest.approx(at + ta, rel=1e-9)
+    assert w.pop() is None
+
+
+def test_castor_simulation_is_valid_and_shares():
+    from meshsched.sim.loop import ClusterSpec, simulate
+    from meshsched.sim.traces import TraceOptions, load_trace
+
+    tr = load_trace("philly", PERF, TraceOptions(gpu_type="v100", gpus_per_node=8, seed=1, first_n=150))
+    for name in ("castor", "sjf-ffs", "lucid"):
+        r = simulate(tr.jobs, make_policy(name), PERF, ClusterSpec(2, 8, "v100", 16384),
+                     after_event=lambda e: e.state.validate())
+        jobs = r.engine.state.jobs.values()
+        assert all(j.state is JobState.COMPLETED for j in jobs)
+        if name != "lucid":
+            assert r.engine.policy.share_log
+
+
+# ---------------------------------------------------------------- interference ratios
+
+
+def test_interference_sources_in_order():
+    from meshsched.perf.interference import DEFAULT_XI, Interference
+
+    measured = PERF.colocation("resnet50", 64, "lm", 20, "v100")
+    assert Interference(PERF).xi("resnet50", 64, "lm", 20, "v100") == measured
+    assert Interference(PERF).xi("resnet50", 128, "resnet50", 128, "v100") is None  # measured infeasible
+    assert Interference(PERF).xi("resnet50", 8, "lm", 20, "v100") == (DEFAULT_XI, DEFAULT_XI)
+    pred = Interference(PERF, lambda rows: [1.3, 1.7])
+    assert pred.xi("resnet50", 8, "lm", 20, "v100") == (1.3, 1.7)
+    assert pred.source("resnet50", 8, "lm", 20, "v100") == "predicted"
+
+
+def test_train_ir_writes_a_loadable_model(tmp_path):
+    pytest.importorskip("xgboost")
+    from importlib.resources.abc import Traversable  # noqa: F401
+    from pathlib import Path
+
+    from meshsched.perf.interference import Interference
+    from meshsched.perf.interference_train import train_ir
+    from meshsched.perf.loader import ir_predictor_from
+
+    report = train_ir(PERF, tmp_path)
+    assert report["test_pairs"] > 0 and report["rmse_job_a"] > 0 and report["feature_importance_gain"]
+    predictor = ir_predictor_from(Path(tmp_path))
+    xa, xb = Interference(PERF, predictor).xi("resnet50", 8, "lm", 20, "v100")
+    assert 1.0 <= xa < 12 and 1.0 <= xb < 12
+
+
+def test_vectorised_castor_agrees_with_scalar_algorithm2():
+    rng = random.Random(11)
+    mem = 16384
+    for _ in range(40):
+        ma, mb = rng.choice(("resnet18", "resnet50", "transformer", "lm")), rng.choice(("resnet18", "resnet50", "transformer", "lm"))
+        ba, bb = rng.choice(PERF.profiled_batches(ma, "v100")), rng.choice(PERF.profiled_batches(mb, "v100"))
+        xi = FixedXi(rng.uniform(1.0, 2.5), rng.uniform(1.0, 2.5))
+        ia, ib = rng.randint(100, 100_000), rng.randint(100, 100_000)
+        s = Snap(Castor(perf=PERF, interference=xi), nodes=(("n0", 1),))
+        s.submit("A", 1, ia, 0.0, model=ma, per_gpu=ba)
+        s.started("A", 30.0)
+        acts = s.submit("B", 1, ib, 100.0, model=mb, per_gpu=bb)
+        a = s.engine.state.jobs["A"]
+        ref = best_sub_batch(
+            a.step_time, ia - (100.0 - 30.0) / a.step_time, ib, bb,
+            lambda b, k: PERF.iteration_time(mb, "v100", (1,), b * k, k),
+            lambda b: xi.xi(ma, ba, mb, b, "v100"), lambda b: pair_fits(ma, ba, mb, b, mem),
+        )  # fmt: skip
+        launched = [x for x in acts if isinstance(x, Launch)]
+        assert bool(launched) == bool(ref is not None and ref.share)
+        if launched:
+            accs = [x for x in acts if isinstance(x, SetAccumulation)]
+            micro = accs[0].micro_batch if accs else bb
+            assert micro == ref.sub_batch

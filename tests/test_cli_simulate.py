@@ -1,0 +1,247 @@
+"""`mesh simulate` and `mesh profiles ls`: JSON output, files written by --out/--plot, one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from meshsched.cli.main import app
+from meshsched.perf import DEFAULT_GPU_TYPE, load_perf_model
+from meshsched.policies.registry import make_policy
+from meshsched.sim.loop import ClusterSpec, simulate
+from meshsched.sim.metrics import JOB_COLUMNS, summarise, summary_dict
+from meshsched.sim.traces import TraceOptions, load_trace
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SUMMARY_KEYS = {
+    "policy", "jobs", "completed", "unschedulable", "unfinished", "jct_mean_h", "jct_p50_h", "jct_p95_h",
+    "jct_p99_h", "wait_mean_h", "makespan_h", "preemptions", "futile_preemptions", "gpu_utilisation", "events",
+    "sim_seconds",
+}  # fmt: skip
+
+
+def _mesh(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def _ok(result) -> None:
+    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr, result.exception)
+
+
+def _assert_one_line_error(result, *fragments: str) -> str:
+    """Non-zero exit through `fail` (SystemExit, not a crash), nothing on stdout, one `mesh: error:` line."""
+    assert result.exit_code != 0, result.stdout
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.stdout == ""
+    err = result.stderr
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("mesh: error: "), err
+    for frag in fragments:
+        assert frag in lines[0], (frag, lines[0])
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------- --json
+
+
+def test_simulate_json_one_entry_per_policy():
+    r = _mesh("simulate", "--jobs", "200", "--nodes", "2", "--policy", "fifo,sjf", "--json")
+    _ok(r)
+    data = json.loads(r.stdout)
+    assert data["trace"] == "philly" and data["jobs"] == 200 and data["seed"] == 1 and data["load"] == 1.0
+    assert data["cluster"] == {"nodes": 2, "gpus_per_node": 8, "gpu_type": DEFAULT_GPU_TYPE}
+    assert [p["policy"] for p in data["policies"]] == ["fifo", "sjf"]
+    for p in data["policies"]:
+        assert SUMMARY_KEYS <= set(p), SUMMARY_KEYS - set(p)
+        assert p["jobs"] == 200
+        assert p["completed"] + p["unschedulable"] == 200 and p["unfinished"] == 0
+        assert 0 < p["wait_mean_h"] < p["jct_mean_h"] <= p["jct_p99_h"]
+        assert p["preemptions"] == 0 and p["futile_preemptions"] == 0  # both non-preemptive
+        assert 0 < p["gpu_utilisation"] <= 1 and p["sim_seconds"] >= 0
+    fifo, sjf = data["policies"]
+    assert sjf["jct_mean_h"] < fifo["jct_mean_h"]
+    # the CLI reports what the library computes for the same replay
+    perf = load_perf_model()
+    tr = load_trace("philly", perf, TraceOptions(gpu_type=DEFAULT_GPU_TYPE, gpus_per_node=8, seed=1, first_n=200))
+    cluster = ClusterSpec(2, 8, DEFAULT_GPU_TYPE, perf.gpu_memory_mb(DEFAULT_GPU_TYPE))
+    lib = summary_dict(summarise(simulate(tr.jobs, make_policy("fifo"), perf, cluster), "fifo"))
+    assert set(fifo) == set(lib) | {"sim_seconds"}
+    for key, want in lib.items():
+        assert fifo[key] == (pytest.approx(want, rel=1e-12) if isinstance(want, float) else want), key
+
+
+def test_simulate_table_output_and_unschedulable_warning():
+    r = _mesh("simulate", "--jobs", "60", "--nodes", "1", "--policy", "fifo,srtf@360")
+    _ok(r)
+    assert "fifo" in r.stdout and "srtf@360" in r.stdout
+    assert "philly: 60 jobs on 1 x 8" in r.stdout
+    too_big = sum(
+        1
+        for j in load_trace("philly", load_perf_model(),
+                            TraceOptions(gpu_type=DEFAULT_GPU_TYPE, gpus_per_node=8, seed=1, first_n=60)).jobs
+        if j.gpus > 8
+    )  # fmt: skip
+    if too_big:
+        assert f"{too_big} job(s) need more than the cluster's 8 GPUs" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------- --out, --plot
+
+
+def test_simulate_out_writes_summaries_and_per_job_csvs(tmp_path):
+    out = tmp_path / "res" / "deep"
+    r = _mesh("simulate", "--jobs", "100", "--nodes", "1", "--policy", "fifo,srtf@360", "--out", str(out))
+    _ok(r)
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["jobs-fifo.csv", "jobs-srtf_at_360.csv", "summary.csv", "summary.json"]
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["policy"] for s in summary] == ["fifo", "srtf@360"]
+    assert all(SUMMARY_KEYS <= set(s) and s["jobs"] == 100 for s in summary)
+
+    with (out / "summary.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["policy"] for row in rows] == ["fifo", "srtf@360"]
+    assert set(rows[0]) == set(summary[0])
+    for row, s in zip(rows, summary, strict=True):
+        assert int(row["completed"]) == s["completed"]
+        assert float(row["jct_mean_h"]) == pytest.approx(s["jct_mean_h"], rel=1e-12)
+
+    for name in ("jobs-fifo.csv", "jobs-srtf_at_360.csv"):
+        with (out / name).open(newline="") as f:
+            reader = csv.DictReader(f)
+            jobs = list(reader)
+        assert tuple(reader.fieldnames) == JOB_COLUMNS
+        assert len(jobs) == 100 and len({j["job_id"] for j in jobs}) == 100
+    assert not (out / "simulate.png").exists()
+
+
+def test_simulate_plot_writes_a_png(tmp_path):
+    r = _mesh("simulate", "--jobs", "50", "--nodes", "2", "--policy", "fifo,srtf", "--out", str(tmp_path), "--plot")
+    _ok(r)
+    png = tmp_path / "simulate.png"
+    data = png.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 1000
+    assert f"plot: {png}" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+ERROR_CASES = [
+    (["--trace", "no-such-trace"], ["unknown trace 'no-such-trace'", "philly"]),
+    (["--policy", "fifo,bogus"], ["unknown policy 'bogus'", "fifo", "srtf"]),
+    (["--policy", "srtf@x"], ["srtf@x", "seconds"]),
+    (["--policy", "srtf@0"], ["srtf@0", ">= 1"]),
+    (["--policy", "srtf@-60"], ["srtf@-60", ">= 1"]),
+    # Fails as of writing: make_policy (meshsched/policies/registry.py, `if not interval > 0:`) accepts an
+    # infinite interval; with jobs left queued the replay then dies in QueueScheduler.next_timer
+    # (math.floor(inf / inf): ValueError traceback); on a big cluster it "completes" with JCT inf.
+    (["--policy", "srtf@inf", "--nodes", "1"], ["srtf@inf"]),
+    (["--policy", " , "], ["--policy is empty"]),
+    (["--nodes", "0"], ["--nodes 0"]),
+    (["--gpus-per-node", "0"], ["--gpus-per-node 0"]),
+    (["--nodes", "-3"], ["--nodes -3"]),
+    (["--gpu-type", "a100"], ["unknown GPU type 'a100'", "v100"]),
+    (["--window", "abc"], ["--window", "START:END", "'abc'"]),
+    (["--window", "720"], ["--window", "'720'"]),
+    (["--window", "10:x"], ["--window", "'10:x'"]),
+    (["--window", "10:5"], ["window"]),
+    (["--window", "-5:10"], ["window"]),
+    (["--window", "900000:900001"], ["no job arrives in the window"]),
+    (["--load", "0"], ["load must be"]),
+    (["--jobs", "0"], ["first_n must be"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "fragments"), ERROR_CASES, ids=[" ".join(a) for a, _ in ERROR_CASES])
+def test_simulate_errors_are_one_line(args, fragments):
+    if "--jobs" not in args:
+        args = ["--jobs", "20", *args]  # small, should an error ever be missed and the replay run
+    _assert_one_line_error(_mesh("simulate", *args), *fragments)
+
+
+def test_simulate_csv_with_a_bad_row_names_file_and_line(tmp_path):
+    trace = tmp_path / "mine.csv"
+    trace.write_text("submit_time,gpus,duration\n0,1,600\n\n30,two,600\n60,1,600\n")
+    line = _assert_one_line_error(_mesh("simulate", "--trace", str(trace), "--nodes", "1"))
+    assert f"{trace}:4:" in line and "'gpus'" in line and "'two'" in line
+
+
+def test_simulate_own_csv_trace_runs(tmp_path):
+    trace = tmp_path / "mine.csv"
+    trace.write_text("submit_time,gpus,duration\n0,1,600\n30,2,1200\n60,16,600\n")
+    r = _mesh("simulate", "--trace", str(trace), "--nodes", "1", "--policy", "srtf,las", "--json")
+    _ok(r)
+    data = json.loads(r.stdout)
+    assert data["trace"] == "mine" and data["jobs"] == 3
+    for p in data["policies"]:
+        assert (p["completed"], p["unschedulable"], p["unfinished"]) == (2, 1, 0)
+
+
+def test_simulate_out_that_is_a_file_is_an_error(tmp_path):
+    """Fails as of writing: without --json, the transient rich progress bar leaves a blank line on stderr
+    (stderr not a terminal) before the error, so the error is not one line; see cli/simulate.py, the
+    `Progress(..., transient=True, disable=json_out)` block. (--out is also only checked after every replay.)"""
+    target = tmp_path / "taken"
+    target.write_text("")
+    _assert_one_line_error(
+        _mesh("simulate", "--jobs", "10", "--nodes", "1", "--policy", "fifo", "--out", str(target)), "--out"
+    )
+
+
+def _mesh_script() -> Path:
+    script = Path(sys.executable).parent / "mesh"
+    if not script.exists():
+        pytest.skip("the `mesh` console script is not installed next to this interpreter")
+    return script
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [(["--nodes", "0"], "--nodes 0"), (["--trace", "/nonexistent/trace.csv"], "unknown trace")],
+)
+def test_installed_mesh_exits_2_with_one_line_and_no_traceback(args, fragment):
+    p = subprocess.run(
+        [str(_mesh_script()), "simulate", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert p.stdout == ""
+    assert "Traceback" not in p.stderr
+    assert p.stderr.startswith("mesh: error: ") and p.stderr.count("\n") == 1 and fragment in p.stderr
+
+
+# ---------------------------------------------------------------------------------------------- profiles ls
+
+
+def test_profiles_ls_json_lists_models_per_gpu_type():
+    r = _mesh("profiles", "ls", "--json")
+    _ok(r)
+    rows = json.loads(r.stdout)
+    perf = load_perf_model()
+    assert {row["gpu_type"] for row in rows} == set(perf.gpu_types)
+    assert DEFAULT_GPU_TYPE in perf.gpu_types
+    for g in perf.gpu_types:
+        models = [row["model"] for row in rows if row["gpu_type"] == g]
+        assert models and sorted(models) == sorted(perf.models(g, 1)), g
+    for row in rows:
+        assert set(row) >= {"gpu_type", "model", "multi_gpu", "batches"}
+        assert isinstance(row["multi_gpu"], bool)
+        assert row["batches"] and all(isinstance(b, int) and b > 0 for b in row["batches"])
+        assert row["batches"] == list(perf.profiled_batches(row["model"], row["gpu_type"]))
+
+
+def test_profiles_ls_one_gpu_type_and_unknown_type():
+    r = _mesh("profiles", "ls", "--gpu-type", "v100", "--json")
+    _ok(r)
+    rows = json.loads(r.stdout)
+    assert rows and {row["gpu_type"] for row in rows} == {"v100"}
+    _assert_one_line_error(_mesh("profiles", "ls", "--gpu-type", "a100", "--json"), "unknown GPU type 'a100'")
