@@ -58,7 +58,7 @@ def train_ir_cmd(
     try:
         from meshsched.perf.interference_train import train_ir
     except ImportError as e:
-        fail(f"training needs xgboost ({e}); install with: pip install xgboost")
+        fail(f"training needs xgboost ({e}); install with: pip install xgboost-cpu")
     report = train_ir(load_perf_model(), out)
     if json_out:
         print_json(report)
