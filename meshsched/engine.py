@@ -69,6 +69,8 @@ class Engine:
 
     def handle(self, event: ev.Event, now: float) -> list[Action]:
         actions: list[Action] = []
+        if type(event) is not ev.JobSubmitted:
+            self.state.version += 1  # a job may have moved or reported progress: caches keyed on it go stale
         trigger = self._handlers[type(event)](event, now, actions)
         if trigger is not None:
             job_id = event.spec.job_id if type(event) is ev.JobSubmitted else None

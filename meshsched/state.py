@@ -209,6 +209,7 @@ class ClusterState:
     free_by_node: dict[str, int] = field(default_factory=dict)
     total_gpus: int = 0  # GPUs on live nodes (kept by add_node / mark_lost)
     largest_node: int = 0  # GPUs of the biggest live node
+    version: int = 0  # bumped on every change of who holds which GPU, and by the engine on every event but a submit
 
     def add_node(self, spec: NodeSpec) -> Node:
         if spec.name in self.nodes:
@@ -244,6 +245,7 @@ class ClusterState:
         return sum(self.free_by_node.values())
 
     def assign(self, job_id: str, gpus: tuple[int, ...]) -> None:
+        self.version += 1
         for g in gpus:
             gpu = self.gpus[g]
             if len(gpu.jobs) >= MAX_JOBS_PER_GPU:
@@ -253,6 +255,7 @@ class ClusterState:
             gpu.jobs.append(job_id)
 
     def release(self, job_id: str, gpus: tuple[int, ...]) -> None:
+        self.version += 1
         for g in gpus:
             gpu = self.gpus[g]
             gpu.jobs.remove(job_id)

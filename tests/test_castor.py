@@ -173,6 +173,43 @@ def test_castor_waits_when_waiting_is_better():
     assert job.state is JobState.PENDING and "waiting beats sharing" in job.reason
 
 
+def test_castor_waits_for_gpus_that_free_up_elsewhere():
+    # A runs for days, D ends in seconds. Theorem 1 against A alone (kappa = A's end) says share; but D's GPU
+    # comes free long before A's, so B waits for it (the "wait" alternative is when GPUs free up for B).
+    pol = Castor(perf=PERF, interference=FixedXi(2.0, 2.0))  # sharing with D never pays (eq. 23 slope < 0)
+    s = Snap(pol)
+    s.submit("A", 1, 10_000_000, 0.0)
+    s.submit("D", 1, 2_000, 0.0)
+    s.started("A", 30.0)
+    s.started("D", 30.0)
+    acts = s.submit("B", 1, 20_000, 40.0)
+    assert not any(isinstance(a, Launch) for a in acts)
+    job = s.engine.state.jobs["B"]
+    assert job.state is JobState.PENDING and "waiting beats sharing" in job.reason
+    t = s.engine.state.jobs["A"].step_time
+    assert theorem1(t, 10_000_000, 2.0, t, 20_000, 2.0).share  # the paper's kappa alone would have shared
+
+
+def test_wait_forecast_counts_the_queue_ahead():
+    # Same cluster: a one-GPU job waits for D's GPU; with one GPU's worth of jobs queued ahead of it (SJF
+    # serves them first), it waits for A's.
+    pol = Castor(perf=PERF, interference=FixedXi(1.2, 1.2))
+    s = Snap(pol, nodes=(("n0", 2),))
+    s.submit("A", 1, 10_000_000, 0.0)
+    s.submit("D", 1, 2_000, 0.0)
+    s.started("A", 30.0)
+    s.started("D", 30.0)
+    view = s.engine.view()
+    state = s.engine.state
+    pol._forecast, pol._ahead = None, 0
+    soon = pol.wait_start(view, state, state.jobs["A"], 40.0)
+    pol._ahead = 1
+    later = pol.wait_start(view, state, state.jobs["A"], 40.0)
+    assert 0 < soon < later  # D's GPU first, then only A's
+    assert soon == pytest.approx(state.jobs["D"].remaining_time(40.0))
+    assert later == pytest.approx(state.jobs["A"].remaining_time(40.0))
+
+
 def test_castor_infeasible_pair_is_not_shared():
     s = Snap(Castor(perf=PERF, interference=FixedXi(infeasible=True)))
     s.submit("A", 2, 1_000, 0.0)
@@ -183,7 +220,7 @@ def test_castor_infeasible_pair_is_not_shared():
 def test_castor_uses_free_gpus_first_and_emits_accumulation():
     s = Snap(Castor(perf=PERF, interference=FixedXi(1.05, 1.05)), nodes=(("n0", 2),))
     s.submit("A", 1, 1_000_000, 0.0, model="resnet50", per_gpu=64)
-    acts = s.submit("B", 1, 100, 1.0)
+    acts = s.submit("B", 1, 1_000_000, 1.0, model="resnet50", per_gpu=64)  # long like A: waiting takes long
     assert acts[0].gpus == (1,)  # a free GPU: no sharing
     s.started("A", 30.0)
     s.started("B", 31.0)

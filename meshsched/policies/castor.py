@@ -28,10 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import numpy as np
+
 from meshsched.perf.errors import UnknownProfile
 from meshsched.perf.memory import pair_fits
 from meshsched.perf.placement import ideal_placement
 from meshsched.policies.base import ClusterView, Decision, Start, Trigger, Wait
+from meshsched.policies.occupancy import Host, Occupancy
 from meshsched.policies.sharing import BatchChoice, sub_batches, theorem1
 from meshsched.state import Job, JobState
 
@@ -54,16 +57,9 @@ class ShareStart(Start):
 class ShareRecord:
     job_id: str
     start: float  # when the sharing start was decided
-    wait_jct_from_start: float  # predicted time from `start` to completion had it waited for its partners
+    wait_jct_from_start: float  # predicted time from `start` to completion had it waited for free GPUs
     shared_jct_from_start: float  # predicted time from `start` to completion when sharing
     partners: tuple[str, ...]
-
-
-@dataclass
-class _Host:
-    job: Job
-    gpus: tuple[int, ...]  # its GPUs that hold only it
-    nodes: dict[str, list[int]]
 
 
 @dataclass
@@ -76,6 +72,8 @@ class SharingScheduler:
     share_log: dict[str, ShareRecord] = field(default_factory=dict, repr=False)
     _micro: dict[str, int] = field(default_factory=dict, repr=False)
     _prefilled: bool = field(default=False, repr=False)
+    _ahead: int = field(default=0, repr=False)  # see `schedule`: GPU demand queued before the job being judged
+    _occ: Occupancy | None = field(default=None, repr=False)
 
     # -- protocol ----------------------------------------------------------------------------------------
     def queue_key(self, job: Job) -> tuple:
@@ -85,6 +83,7 @@ class SharingScheduler:
         return None
 
     def schedule(self, view: ClusterView, now: float, trigger: Trigger) -> list[Decision]:
+        self._forecast = None
         if view.queue_length == 0:
             return []
         self._ensure_models()
@@ -95,16 +94,18 @@ class SharingScheduler:
         total = view.total_gpus
         out: list[Decision] = []
         claimed: set[int] = set()  # single-job GPUs given to a sharer in this pass
-        hosts: list[_Host] | None = None
+        hosts: list[Host] | None = None
         no_start = total + 1
         min_need = view.min_queued_gpus
         arrival = trigger is Trigger.ARRIVAL
         newcomer_seen = not arrival
         searches = 0
+        ahead = 0  # GPUs asked for by the queued jobs before `job` in this pass (started or not)
         for job in view.queue():
             need = job.spec.gpus
             if need > total:
                 continue
+            self._ahead, ahead = ahead, ahead + need
             if arrival and newcomer_seen and no_start <= min_need:
                 break  # nothing later can start on free GPUs, and the newcomer has had its sharing search
             if job.job_id == view.arrived:
@@ -125,7 +126,7 @@ class SharingScheduler:
                     continue
                 searches += 1
             if hosts is None:
-                hosts = self._hosts(view, state)
+                hosts = self._occupancy(view, state).hosts
             d = self._share(view, state, plan, job, now, hosts, claimed)
             if d is not None:
                 out.append(d)
@@ -145,22 +146,11 @@ class SharingScheduler:
             self._prefilled = True
             prefill(gpu_type)
 
-    def _hosts(self, view: ClusterView, state) -> list[_Host]:
-        """Running (or loading) jobs with GPUs that hold only them, in GPU order."""
-        out = []
-        gpus = state.gpus
-        for j in view.holding():
-            if j.state is JobState.PAUSING or not j.gpus:
-                continue
-            solo = tuple(g for g in j.gpus if len(gpus[g].jobs) == 1)
-            if not solo:
-                continue
-            nodes: dict[str, list[int]] = {}
-            for g in solo:
-                nodes.setdefault(gpus[g].node, []).append(g)
-            out.append(_Host(j, solo, nodes))
-        out.sort(key=lambda h: h.gpus[0])
-        return out
+    def _occupancy(self, view: ClusterView, state) -> Occupancy:
+        """Jobs holding GPUs as arrays, rebuilt only when the state's version moved (see `occupancy`)."""
+        if self._occ is None or not self._occ.current(state):
+            self._occ = Occupancy(state, view.holding(), self._solo_step, lambda j: (j.spec.model, self.micro_batch(j)))
+        return self._occ
 
     def micro_batch(self, job: Job) -> int:
         return self._micro.get(job.job_id, max(1, job.spec.batch_size // job.spec.gpus))
@@ -184,12 +174,18 @@ class SharingScheduler:
         taken.update(picked)
         return picked
 
-    def _record(self, job: Job, now: float, partners: list[Job], t_b_alone: float, shared_jct: float) -> None:
-        kappa = max((self._remaining_iters(p, now) * self._solo_step(p) for p in partners), default=0.0)
-        wait = kappa + t_b_alone * self._remaining_iters(job, now)
-        self.share_log[job.job_id] = ShareRecord(job.job_id, now, wait, shared_jct, tuple(p.job_id for p in partners))
+    def wait_start(self, view, state, job: Job, now: float) -> float:
+        """Seconds from now until `job` could start on free GPUs if it waits (see `_Forecast`)."""
+        if self._forecast is None:
+            self._forecast = _Forecast(self._occupancy(view, state), now)
+        return self._forecast.wait(job.spec.gpus, self._ahead)
 
-    def _share(self, view, state, plan, job: Job, now: float, hosts: list[_Host], claimed: set[int]) -> Decision | None:
+    def _record(self, view, state, job: Job, now: float, partners, t_b_alone: float, shared_jct: float) -> None:
+        """Log a sharing start with the JCT it would have had waiting until GPUs free up (eq. 24's numerator)."""
+        wait = self.wait_start(view, state, job, now) + t_b_alone * self._remaining_iters(job, now)
+        self.share_log[job.job_id] = ShareRecord(job.job_id, now, wait, shared_jct, tuple(sorted(p.job_id for p in partners)))
+
+    def _share(self, view, state, plan, job: Job, now: float, hosts: list[Host], claimed: set[int]) -> Decision | None:
         raise NotImplementedError
 
 
@@ -204,28 +200,55 @@ def _spot(pool: dict[str, int], need: int, node_size: int) -> list[str] | None:
 
 
 class _HostTable:
-    """The pass's single-job hosts as arrays for Castor's vectorised Algorithm 2 (one row per host)."""
+    """The pass's single-job hosts for Castor's vectorised Algorithm 2 (one column per host)."""
 
-    def __init__(self, pol: "SharingScheduler", hosts: list[_Host], now: float) -> None:
-        import numpy as np
-
-        self.hosts = hosts
-        self.ta = np.array([pol._solo_step(h.job) for h in hosts], dtype=float)
-        self.ia = np.array([pol._remaining_iters(h.job, now) for h in hosts], dtype=float)
-        groups: dict[tuple[str, int], int] = {}
-        self.gidx = np.array(
-            [groups.setdefault((h.job.spec.model, pol.micro_batch(h.job)), len(groups)) for h in hosts], dtype=np.int64
-        )
-        self.groups = list(groups)
-        self.ngpus = np.array([len(h.gpus) for h in hosts], dtype=np.int64)
+    def __init__(self, occ: Occupancy, now: float) -> None:
+        self.hosts = occ.hosts
+        rows = occ.host_rows
+        self.ta = occ.solo[rows]
+        self.ia = occ.remaining_iters(now)[rows]
+        self.gidx = occ.host_group
+        self.groups = occ.groups
+        self.ngpus = occ.host_gpus
         self.alive = self.ia > 0
         self.free_single = int(self.ngpus[self.alive].sum())
-        self.xi_cache: dict[tuple[str, int], tuple] = {}  # (model_b, micro_b) -> per-group xi arrays
+        self.xi_cache = occ.xi_cache  # (model_b, micro_b) -> per-group xi arrays: depend on the hosts only
 
     def claim(self, i: int) -> None:
         if self.alive[i]:
             self.alive[i] = False
             self.free_single -= int(self.ngpus[i])
+
+
+class _Forecast:
+    """When GPUs are predicted to come free, seconds from now: the start time of the "wait" alternative.
+
+    A GPU comes free when the last of its jobs ends (remaining iterations x solo step time; a job saving a
+    checkpoint ends now). A job needing `need` GPUs that waits cannot start before
+    * some node has min(need, node size) GPUs free (ceil(need / node size) whole nodes for a larger job), and
+    * `ahead + need` GPUs have come free cluster-wide, where `ahead` is what the jobs queued before it ask for
+      (they are served first).
+    The estimate is the later of the two: a lower bound (later arrivals and sharing slow-downs are ignored),
+    so it favours waiting.
+    """
+
+    def __init__(self, occ: Occupancy, now: float) -> None:
+        mat = occ.free_times(now)
+        self.node_size = node_size = occ.node_size
+        self.by_count = mat.min(axis=0) if len(mat) else np.full(node_size, np.inf)  # [k]: some node has k+1 free
+        self.whole = np.sort(mat[:, -1])  # when each node is entirely free, earliest first
+        flat = mat.ravel()
+        self.flat = np.sort(flat[np.isfinite(flat)])
+
+    def wait(self, need: int, ahead: int) -> float:
+        if need <= self.node_size:
+            frag = float(self.by_count[need - 1])
+        else:
+            k = -(-need // self.node_size)
+            frag = float(self.whole[k - 1]) if k <= len(self.whole) else float("inf")
+        flat = self.flat  # past the last GPU: beyond every current job's end, so the last end is the bound
+        queue = float(flat[min(ahead + need, len(flat)) - 1]) if len(flat) else float("inf")
+        return max(frag, queue)
 
 
 @dataclass
@@ -245,10 +268,8 @@ class Castor(SharingScheduler):
         return super().schedule(view, now, trigger)
 
     def _share(self, view, state, plan, job, now, hosts, claimed):
-        import numpy as np
-
         if self._table is None:
-            self._table = _HostTable(self, hosts, now)
+            self._table = _HostTable(self._occupancy(view, state), now)
         tab = self._table
         need = job.spec.gpus
         if plan.free_total + tab.free_single < need:
@@ -266,68 +287,76 @@ class Castor(SharingScheduler):
         inter = self.interference
         ta, ia, gidx = tab.ta, tab.ia, tab.gidx
         n_groups = len(tab.groups)
-        best = np.full(len(ta), np.inf)
-        best_b = np.zeros(len(ta), dtype=np.int64)
-        best_xa = np.ones(len(ta))
-        best_xb = np.ones(len(ta))
+        subs, xa_rows, xb_rows = [], [], []
+        for b in sub_batches(per_gpu):
+            hit = tab.xi_cache.get((model_b, b))
+            if hit is None:
+                xa_g = np.full(n_groups, np.nan)
+                xb_g = np.full(n_groups, np.nan)
+                for gi, (ma, mia) in enumerate(tab.groups):
+                    if pair_fits(ma, mia, model_b, b, mem):
+                        x = inter.xi(ma, mia, model_b, b, gpu_type)
+                        if x is not None:
+                            xa_g[gi], xb_g[gi] = x
+                hit = tab.xi_cache[(model_b, b)] = (xa_g, xb_g, bool(np.isnan(xa_g).all()))
+            if not hit[2]:
+                subs.append(b)
+                xa_rows.append(hit[0])
+                xb_rows.append(hit[1])
+        if not subs:
+            return None
+        # Algorithm 2 for every host at once: rows are B's sub-batches, columns the hosts.
+        t_b = np.array([self._step(job, gpu_type, node_size, b, per_gpu // b) for b in subs])[:, None]
+        xa, xb = np.array(xa_rows)[:, gidx], np.array(xb_rows)[:, gidx]
         with np.errstate(divide="ignore", invalid="ignore"):
-            for b in sub_batches(per_gpu):
-                hit = tab.xi_cache.get((model_b, b))
-                if hit is None:
-                    xa_g = np.full(n_groups, np.nan)
-                    xb_g = np.full(n_groups, np.nan)
-                    for gi, (ma, mia) in enumerate(tab.groups):
-                        if pair_fits(ma, mia, model_b, b, mem):
-                            x = inter.xi(ma, mia, model_b, b, gpu_type)
-                            if x is not None:
-                                xa_g[gi], xb_g[gi] = x
-                    hit = tab.xi_cache[(model_b, b)] = (xa_g, xb_g, bool(np.isnan(xa_g).all()))
-                xa_g, xb_g, none = hit
-                if none:
-                    continue
-                t_b = self._step(job, gpu_type, node_size, b, per_gpu // b)
-                xa, xb = xa_g[gidx], xb_g[gidx]
-                ha, hb = ta * xa, t_b * xb
-                first_b = ha * ia >= hb * i_b  # case 1: B finishes first (eq. 16-17)
-                tb1 = hb * i_b
-                ta1 = tb1 + ta * (ia - tb1 / ha)
-                ta2 = ha * ia  # case 2: A finishes first (eq. 20-21)
-                tb2 = ta2 + t_b * (i_b - ta2 / hb)
-                mean = np.where(first_b, ta1 + tb1, ta2 + tb2) / 2
-                mean = np.where(np.isnan(xa) | ~tab.alive, np.inf, mean)
-                better = mean < best
-                best = np.where(better, mean, best)
-                best_b = np.where(better, b, best_b)
-                best_xa = np.where(better, xa, best_xa)
-                best_xb = np.where(better, xb, best_xb)
-        wait = ta * ia + t_b_alone * i_b / 2
+            ha, hb = ta * xa, t_b * xb
+            first_b = ha * ia >= hb * i_b  # case 1: B finishes first (eq. 16-17)
+            tb1 = hb * i_b
+            ta1 = tb1 + ta * (ia - tb1 / ha)
+            ta2 = ha * ia  # case 2: A finishes first (eq. 20-21)
+            tb2 = ta2 + t_b * (i_b - ta2 / hb)
+            mean = np.where(first_b, ta1 + tb1, ta2 + tb2) / 2
+        mean = np.where(np.isnan(xa) | ~tab.alive, np.inf, mean)
+        k = np.argmin(mean, axis=0)  # the first (largest) sub-batch among equals, as Algorithm 2's strict "<"
+        cols = np.arange(len(ta))
+        best = mean[k, cols]
+        best_b = np.array(subs)[k]
+        best_xa, best_xb = xa[k, cols], xb[k, cols]
         feasible = np.isfinite(best)
         if not feasible.any():
             return None
+        # Waiting: A runs alone; B starts when enough GPUs are forecast free for it (`_Forecast`; Theorem 1's
+        # kappa = t_A i_A assumes that is when A ends), then runs alone at its full batch.
+        end_a = ta * ia
+        start_b = self.wait_start(view, state, job, now)
+        wait = (end_a + start_b + t_b_alone * i_b) / 2
         pays = feasible & (best < wait)
         if not pays.any():
             i = int(np.argmin(np.where(feasible, best, np.inf)))
-            return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[i]:.0f}s after vs "
-                                    f"{best[i]:.0f}s shared, best of {int(feasible.sum())} partners)")
+            return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[i]:.0f}s waiting "
+                                    f"{start_b:.0f}s vs {best[i]:.0f}s shared, best of {int(feasible.sum())} partners)")
         idx = np.flatnonzero(pays)
         order = idx[np.lexsort((idx, best[idx]))]
-        cands = [
-            (float(best[i]), tab.hosts[i], int(i), BatchChoice(
-                True, int(best_b[i]), per_gpu // int(best_b[i]), float(best_xa[i]), float(best_xb[i]),
-                theorem1(float(ta[i]), float(ia[i]), float(best_xa[i]),
-                         self._step(job, gpu_type, node_size, int(best_b[i]), per_gpu // int(best_b[i])),
-                         i_b, float(best_xb[i]), t_b_alone),
-            ))
-            for i in order[: max(need, 1) * 2 + 8]
-        ]  # fmt: skip
-        return self._place(state, plan, job, now, cands, need, node_size, per_gpu, t_b_alone, claimed)
 
-    def _place(self, state, plan, job, now, cands, need, node_size, per_gpu, t_b_alone, claimed):
+        def choice(i: int) -> BatchChoice:
+            b = int(best_b[i])
+            t_b = self._step(job, gpu_type, node_size, b, per_gpu // b)
+            o = theorem1(float(ta[i]), float(ia[i]), float(best_xa[i]), t_b, i_b, float(best_xb[i]), t_b_alone)
+            return BatchChoice(True, b, per_gpu // b, float(best_xa[i]), float(best_xb[i]), o)
+
+        cands = ((float(best[i]), tab.hosts[i], int(i), choice) for i in order)  # BatchChoice built when used
+        self._t_b_alone = t_b_alone
+        return self._place(view, state, plan, job, now, cands, need, node_size, per_gpu, claimed)
+
+    def _place(self, view, state, plan, job, now, cands, need, node_size, per_gpu, claimed):
         # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds the job.
         pool = plan.free_map()
-        shared_by_node: dict[str, list[tuple[int, _Host, int, BatchChoice]]] = {}
+        shared_by_node: dict[str, list[tuple[int, Host, int, BatchChoice]]] = {}
         chosen_nodes = None
-        for _, h, i, c in cands:
+        tried = 0
+        for _, h, i, choice in cands:
+            tried += 1
+            c = choice(i)
             for node, gs in h.nodes.items():
                 lst = shared_by_node.setdefault(node, [])
                 for g in gs:
@@ -337,7 +366,7 @@ class Castor(SharingScheduler):
             if chosen_nodes is not None:
                 break
         if chosen_nodes is None:
-            return Wait(job.job_id, f"{self.name}: sharing pays with {len(cands)} job(s) but their GPUs cannot hold it compactly")
+            return Wait(job.job_id, f"{self.name}: sharing pays with {tried} job(s) but their GPUs cannot hold it compactly")
         gpus: list[int] = []
         partners: dict[str, tuple[Job, int, BatchChoice]] = {}
         free_needed: list[tuple[str, int]] = []
@@ -374,12 +403,12 @@ class Castor(SharingScheduler):
         acc = per_gpu // micro
         worst = max(partners.values(), key=lambda p: p[2].outcome.t_b)[2]
         self._micro[job.job_id] = micro
-        self._record(job, now, [p for p, _, _ in partners.values()], t_b_alone, worst.outcome.t_b)
+        self._record(view, state, job, now, [p for p, _, _ in partners.values()], self._t_b_alone, worst.outcome.t_b)
         o = worst.outcome
         return ShareStart(
             job.job_id, tuple(gpus),
             f"{self.name}: share with {','.join(sorted(partners))}, micro-batch {micro} x {acc}; pair mean JCT "
-            f"{o.shared_mean:.0f}s shared vs {o.wait_mean:.0f}s after (xi {worst.xi_a:.2f}/{worst.xi_b:.2f})",
+            f"{o.shared_mean:.0f}s shared vs waiting (xi {worst.xi_a:.2f}/{worst.xi_b:.2f})",
             micro, acc,
         )  # fmt: skip
 
@@ -434,7 +463,7 @@ class SjfFfs(SharingScheduler):
             return Start(job.job_id, tuple(gpus), f"{self.name}: {need} GPU(s) free")
         try:
             t_b = self._step(job, gpu_type, node_size, per_gpu, 1)
-            self._record(job, now, list(partners.values()), t_b, float("nan"))
+            self._record(view, state, job, now, list(partners.values()), t_b, float("nan"))
         except (UnknownProfile, ValueError):
             pass
         return Start(job.job_id, tuple(gpus), f"{self.name}: first-fit sharing with {','.join(sorted(partners))}")
@@ -466,10 +495,10 @@ class Lucid(SharingScheduler):
         self._by_size = None
         return super().schedule(view, now, trigger)
 
-    def _sized(self, hosts: list[_Host], gpu_type: str) -> dict[int, list[tuple[float, int, _Host]]]:
+    def _sized(self, hosts: list[Host], gpu_type: str) -> dict[int, list[tuple[float, int, Host]]]:
         """Hosts whose every GPU holds only them, by GPU count, lowest utilisation first (built once per pass)."""
         if self._by_size is None:
-            by: dict[int, list[tuple[float, int, _Host]]] = {}
+            by: dict[int, list[tuple[float, int, Host]]] = {}
             for h in hosts:
                 a = h.job
                 if len(h.gpus) != a.spec.gpus:
@@ -516,7 +545,7 @@ class Lucid(SharingScheduler):
         self._micro.pop(job.job_id, None)
         try:
             t_b = self._step(job, gpu_type, plan.node_size, per_gpu, 1)
-            self._record(job, now, [h.job], t_b, float("nan"))
+            self._record(view, state, job, now, [h.job], t_b, float("nan"))
         except (UnknownProfile, ValueError):
             pass
         return Start(job.job_id, h.gpus, f"{self.name}: packed with {h.job.job_id} (utilisation {u:.2f})")
