@@ -6,9 +6,13 @@ short; then a job may share GPUs that hold exactly one job (never more than two 
 
 * castor: for each running job A whose GPUs hold only A, Algorithm 2 (`sharing.best_sub_batch`) picks the
   new job's micro-batch (gradient accumulation keeps its global batch; memory must fit next to A) and
-  Theorem 1 says whether starting now beats starting after A. The jobs for which sharing pays are sorted by
-  the pair's predicted mean JCT and their GPUs taken until the job fits (free GPUs on the same nodes fill
-  the rest); if no such set exists, the job waits: waiting is better (its pending reason says why).
+  Theorem 1's pair arithmetic says whether starting now beats waiting. Where the paper's wait alternative
+  starts the new job when A ends (kappa = t_A i_A), ours starts it when GPUs are forecast free for it
+  anywhere (`_Forecast`: holders' remaining time per node, and the GPU demand queued ahead), which on a
+  large cluster is usually much sooner; eq. 24's sharing benefit defines the wait the same way. The jobs
+  for which sharing pays are sorted by the pair's predicted mean JCT and their GPUs taken until the job
+  fits (free GPUs on the same nodes fill the rest); if no such set exists, the job waits: waiting is
+  better (its pending reason says why).
 * sjf-ffs: shares first-fit (lowest node, lowest GPU index) with any single-job GPU whose pair fits in
   memory, whenever free GPUs are short, at the full batch.
 * lucid: shares only with a running job of the same GPU count, taking exactly its GPUs, and only when the
@@ -20,7 +24,8 @@ release, the first SHARE_SEARCH_DEPTH queued jobs that do not fit on free GPUs d
 Estimates a policy can make: a running job's remaining iterations are extrapolated from the engine's
 estimate of its solo step time (the simulator sends no progress reports), so a job slowed by its partner is
 thought further along than it is. Every sharing start is recorded in `share_log` with the predicted JCT of
-the wait-instead alternative (the numerator of Castor's sharing benefit, eq. 24).
+the wait-instead alternative (the numerator of Castor's sharing benefit, eq. 24). The holders' arrays
+(`occupancy.Occupancy`) are reused across passes while the cluster state's version is unchanged.
 """
 
 from __future__ import annotations
