@@ -329,7 +329,7 @@ def test_train_ir_writes_a_loadable_model(tmp_path):
     from meshsched.perf.interference_train import train_ir
     from meshsched.perf.loader import ir_predictor_from
 
-    report = train_ir(PERF, tmp_path)
+    report = train_ir(PERF, tmp_path, grid={"max_depth": (3,), "min_child_weight": (2,), "rounds": (10,)})  # small: fast
     assert report["test_pairs"] > 0 and report["rmse_job_a"] > 0 and report["feature_importance_gain"]
     predictor = ir_predictor_from(Path(tmp_path))
     xa, xb = Interference(PERF, predictor).xi("resnet50", 8, "lm", 20, "v100")

@@ -8,7 +8,9 @@ Where the answer comes from, in order:
 3. DEFAULT_XI for both jobs: the documented conservative default when neither exists (2.0 = plain time
    slicing, each job gets half the GPU; with xi = 2 for both Theorem 1 never shares).
 
-The predictor's features are each job's solo profile (see `pair_features`). Predictions are cached per
+The predictor's features are each job's solo profile plus the model-family identity of both jobs (see
+`pair_features`); a family outside KNOWN_FAMILIES (a user's own model, or the T4-only models) gets all-zero
+identity features, which the predictor is trained to handle (see interference_train.py). Predictions are cached per
 (models, batches, GPU type): a finite set, so a scheduling pass does not call XGBoost repeatedly.
 """
 
@@ -24,7 +26,15 @@ DEFAULT_XI = 2.0
 MIN_XI = 1.0  # sharing never speeds a job up (measured values below 1 are noise)
 
 FEATURES_PER_JOB = ("step_time_s", "throughput", "batch", "log2_batch", "memory_mb", "compute_s_per_sample", "fixed_s")
-FEATURE_NAMES = tuple(f"{who}_{f}" for who in ("self", "other") for f in FEATURES_PER_JOB) + ("gpu_memory_mb",)
+# The model families with measured colocation pairs (Gavel). Fixed here, not read from the data, so the feature
+# layout of a shipped ir_model.json never changes silently; any other model name is "unknown" (all zeros).
+KNOWN_FAMILIES = ("a3c", "cyclegan", "lm", "recommendation", "resnet18", "resnet50", "transformer")
+FEATURE_NAMES = (
+    tuple(f"{who}_{f}" for who in ("self", "other") for f in FEATURES_PER_JOB)
+    + ("gpu_memory_mb",)
+    + tuple(f"{who}_is_{m}" for who in ("self", "other") for m in KNOWN_FAMILIES)
+)
+N_PROFILE_FEATURES = 2 * len(FEATURES_PER_JOB) + 1  # the identity one-hots follow these
 
 
 def job_features(perf, model: str, batch: int, gpu_type: str) -> list[float]:
@@ -36,12 +46,19 @@ def job_features(perf, model: str, batch: int, gpu_type: str) -> list[float]:
     return [step, batch / step, float(batch), math.log2(batch), job_memory_mb(model, batch), p.beta_comp, p.alpha_comp]
 
 
+def family_features(model: str) -> list[float]:
+    """One-hot of the model family over KNOWN_FAMILIES; all zeros for a family the predictor never saw."""
+    return [float(model == m) for m in KNOWN_FAMILIES]
+
+
 def pair_features(perf, model_a: str, batch_a: int, model_b: str, batch_b: int, gpu_type: str) -> list[float]:
     """Features for predicting xi of job a (the 'self') next to job b; swap the arguments for xi_b."""
     return (
         job_features(perf, model_a, batch_a, gpu_type)
         + job_features(perf, model_b, batch_b, gpu_type)
         + [float(perf.gpu_memory_mb(gpu_type))]
+        + family_features(model_a)
+        + family_features(model_b)
     )
 
 

@@ -41,8 +41,9 @@ IR_MODEL_FILE = "ir_model.json"
 
 
 def ir_predictor_from(root: Traversable):
-    """The XGBoost IR predictor written by `mesh profiles train-ir`, as `rows -> list[float]`; None if absent
-    or if xgboost is not installed (then unmeasured pairs get the conservative default)."""
+    """The XGBoost IR predictor written by `mesh profiles train-ir`, as `rows -> list[float]`; None if absent,
+    if xgboost is not installed or if the file's feature count differs from FEATURE_NAMES (then unmeasured pairs
+    get the conservative default)."""
     entry = root / IR_MODEL_FILE
     if not entry.is_file():
         return None
@@ -54,6 +55,10 @@ def ir_predictor_from(root: Traversable):
     booster = xgb.Booster()
     booster.load_model(bytearray(entry.read_bytes()))
     booster.set_param({"nthread": 1})  # small batches: thread start-up would dominate
+    from meshsched.perf.interference import FEATURE_NAMES
+
+    if booster.num_features() != len(FEATURE_NAMES):
+        return None  # trained with another feature layout (stale file): retrain with `mesh profiles train-ir`
 
     log_target = booster.attr("target") == "log_xi"
 
