@@ -41,7 +41,7 @@ from meshsched.perf.placement import ideal_placement
 from meshsched.policies.base import ClusterView, Decision, Start, Trigger, Wait
 from meshsched.policies.occupancy import Host, Occupancy
 from meshsched.policies.sharing import BatchChoice, sub_batches, theorem1
-from meshsched.state import Job, JobState
+from meshsched.state import Job
 
 LUCID_UTIL_THRESHOLD = 1.0
 # On a release, at most this many queued jobs (the first in SJF order that do not fit on free GPUs) get the
