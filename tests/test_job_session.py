@@ -72,6 +72,7 @@ def _rank(rank: int, init: str, ckdir: str, out: str) -> None:
             break
     Path(f"{out}.{rank}").write_text(json.dumps({"step": sess.step, "log": log}))
     sess.close()
+    dist.barrier()  # as in test_job_accumulate: no rank tears gloo down while the other still uses it
     dist.destroy_process_group()
 
 
