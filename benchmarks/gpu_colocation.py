@@ -3,7 +3,7 @@
     PYTHONUNBUFFERED=1 python3 benchmarks/gpu_colocation.py --out results/gpu [--quick]
         [--parts memory,accum,coloc] [--modes timeslice,mps,mps50]
 
-Needs a CUDA GPU and plain PyTorch (every model is defined here by hand; torchvision is not used). All
+Needs a CUDA GPU and plain PyTorch (the models are written out in benchmarks/gpu_models.py; torchvision is not used). All
 inputs are synthetic tensors already on the GPU (no data loading), fp32, cudnn.benchmark on, PyTorch's
 default TF32 settings (recorded in the JSON). Writes one JSON per part into --out.
 
@@ -66,191 +66,13 @@ PAIRS_QUICK = [(("resnet18", 32), ("lm", 10)), (("resnet18", 32), ("resnet18", 3
 ACCUM = {"resnet18": 256, "transformer": 128}
 ACCUM_QUICK = {"resnet18": 32, "transformer": 16}
 
-OPTIMIZER = {"resnet18": "sgd+momentum", "resnet50": "sgd+momentum", "lm": "sgd", "transformer": "adam", "recommendation": "adam"}
-
-
-# -- models (plain torch) ---------------------------------------------------------------------------------
 
 
 def _build(model: str, batch: int, device):
-    """(module, optimizer, step_fn(micro_batches:int) -> None) with synthetic inputs of `batch` samples."""
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
+    """(module, optimizer, step(accumulation), parameter count, optimizer name): see gpu_models.build."""
+    from gpu_models import build  # imports torch: only after main() has checked that it is there
 
-    torch.manual_seed(0)
-
-    class Basic(nn.Module):
-        expansion = 1
-
-        def __init__(self, cin, c, stride):
-            super().__init__()
-            self.c1 = nn.Conv2d(cin, c, 3, stride, 1, bias=False)
-            self.b1 = nn.BatchNorm2d(c)
-            self.c2 = nn.Conv2d(c, c, 3, 1, 1, bias=False)
-            self.b2 = nn.BatchNorm2d(c)
-            self.sc = nn.Sequential()
-            if stride != 1 or cin != c:
-                self.sc = nn.Sequential(nn.Conv2d(cin, c, 1, stride, bias=False), nn.BatchNorm2d(c))
-
-        def forward(self, x):
-            out = F.relu(self.b1(self.c1(x)))
-            return F.relu(self.b2(self.c2(out)) + self.sc(x))
-
-    class Bottleneck(nn.Module):
-        expansion = 4
-
-        def __init__(self, cin, c, stride):
-            super().__init__()
-            self.c1 = nn.Conv2d(cin, c, 1, bias=False)
-            self.b1 = nn.BatchNorm2d(c)
-            self.c2 = nn.Conv2d(c, c, 3, stride, 1, bias=False)
-            self.b2 = nn.BatchNorm2d(c)
-            self.c3 = nn.Conv2d(c, c * 4, 1, bias=False)
-            self.b3 = nn.BatchNorm2d(c * 4)
-            self.sc = nn.Sequential()
-            if stride != 1 or cin != c * 4:
-                self.sc = nn.Sequential(nn.Conv2d(cin, c * 4, 1, stride, bias=False), nn.BatchNorm2d(c * 4))
-
-        def forward(self, x):
-            out = F.relu(self.b1(self.c1(x)))
-            out = F.relu(self.b2(self.c2(out)))
-            return F.relu(self.b3(self.c3(out)) + self.sc(x))
-
-    def layers(block, cin, c, n, stride):
-        mods = []
-        for s in [stride] + [1] * (n - 1):
-            mods.append(block(cin, c, s))
-            cin = c * block.expansion
-        return nn.Sequential(*mods), cin
-
-    class ResNet18Cifar(nn.Module):  # kuangliu/pytorch-cifar ResNet18, as Gavel's CIFAR-10 job (11.17M)
-        def __init__(self):
-            super().__init__()
-            self.stem = nn.Sequential(nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
-            cin = 64
-            self.l1, cin = layers(Basic, cin, 64, 2, 1)
-            self.l2, cin = layers(Basic, cin, 128, 2, 2)
-            self.l3, cin = layers(Basic, cin, 256, 2, 2)
-            self.l4, cin = layers(Basic, cin, 512, 2, 2)
-            self.fc = nn.Linear(512, 10)
-
-        def forward(self, x):
-            x = self.l4(self.l3(self.l2(self.l1(self.stem(x)))))
-            return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
-
-    class ResNet50(nn.Module):  # torchvision resnet50 layout (25,557,032 parameters)
-        def __init__(self):
-            super().__init__()
-            self.stem = nn.Sequential(
-                nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)
-            )
-            cin = 64
-            self.l1, cin = layers(Bottleneck, cin, 64, 3, 1)
-            self.l2, cin = layers(Bottleneck, cin, 128, 4, 2)
-            self.l3, cin = layers(Bottleneck, cin, 256, 6, 2)
-            self.l4, cin = layers(Bottleneck, cin, 512, 3, 2)
-            self.fc = nn.Linear(2048, 1000)
-
-        def forward(self, x):
-            x = self.l4(self.l3(self.l2(self.l1(self.stem(x)))))
-            return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
-
-    class LSTMLM(nn.Module):  # PyTorch word_language_model, WikiText-2: emb/hidden 200, 2 layers
-        def __init__(self, vocab=33278, d=200):
-            super().__init__()
-            self.emb = nn.Embedding(vocab, d)
-            self.rnn = nn.LSTM(d, d, 2, dropout=0.2)
-            self.drop = nn.Dropout(0.2)
-            self.dec = nn.Linear(d, vocab)
-
-        def forward(self, x):
-            out, _ = self.rnn(self.drop(self.emb(x)))
-            return self.dec(self.drop(out))
-
-    class Seq2Seq(nn.Module):  # Transformer base on Multi30k de->en
-        def __init__(self, vs=7853, vt=5893, d=512):
-            super().__init__()
-            self.se = nn.Embedding(vs, d)
-            self.te = nn.Embedding(vt, d)
-            self.pos = nn.Parameter(torch.zeros(1, 64, d), requires_grad=False)
-            self.tf = nn.Transformer(d, 8, 6, 6, 2048, 0.1, batch_first=True)
-            self.gen = nn.Linear(d, vt)
-
-        def forward(self, src, tgt):
-            n = tgt.shape[1]
-            mask = torch.triu(torch.full((n, n), float("-inf"), device=tgt.device), 1)
-            s = self.se(src) + self.pos[:, : src.shape[1]]
-            t = self.te(tgt) + self.pos[:, :n]
-            return self.gen(self.tf(s, t, tgt_mask=mask))
-
-    class VAECF(nn.Module):  # Liang et al. 2018 Mult-VAE, 20,108 items, 600-200
-        def __init__(self, items=20108):
-            super().__init__()
-            self.e1 = nn.Linear(items, 600)
-            self.e2 = nn.Linear(600, 400)
-            self.d1 = nn.Linear(200, 600)
-            self.d2 = nn.Linear(600, items)
-            self.drop = nn.Dropout(0.5)
-
-        def forward(self, x):
-            h = torch.tanh(self.e1(self.drop(F.normalize(x))))
-            mu, logvar = self.e2(h).chunk(2, dim=1)
-            z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
-            return self.d2(torch.tanh(self.d1(z))), mu, logvar
-
-    if model in ("resnet18", "cifar10"):
-        net = ResNet18Cifar()
-        x = torch.randn(batch, 3, 32, 32, device=device)
-        y = torch.randint(0, 10, (batch,), device=device)
-        loss_fn = lambda m, i: F.cross_entropy(m(x), y)  # noqa: E731
-    elif model in ("resnet50", "imagenet"):
-        net = ResNet50()
-        x = torch.randn(batch, 3, 224, 224, device=device)
-        y = torch.randint(0, 1000, (batch,), device=device)
-        loss_fn = lambda m, i: F.cross_entropy(m(x), y)  # noqa: E731
-    elif model == "lm":
-        net = LSTMLM()
-        x = torch.randint(0, 33278, (35, batch), device=device)
-        y = torch.randint(0, 33278, (35, batch), device=device)
-        loss_fn = lambda m, i: F.cross_entropy(m(x).view(-1, 33278), y.view(-1))  # noqa: E731
-    elif model == "transformer":
-        net = Seq2Seq()
-        src = torch.randint(0, 7853, (batch, 30), device=device)
-        tgt = torch.randint(0, 5893, (batch, 31), device=device)
-        loss_fn = lambda m, i: F.cross_entropy(m(src, tgt[:, :-1]).reshape(-1, 5893), tgt[:, 1:].reshape(-1))  # noqa: E731
-    elif model == "recommendation":
-        net = VAECF()
-        x = (torch.rand(batch, 20108, device=device) < 0.01).float()
-
-        def loss_fn(m, i):
-            logits, mu, logvar = m(x)
-            nll = -(F.log_softmax(logits, 1) * x).sum(1).mean()
-            kl = -0.5 * torch.mean(torch.sum(1 + logvar - mu.pow(2) - logvar.exp(), dim=1))
-            return nll + 0.2 * kl
-    else:
-        raise ValueError(model)
-    net = net.to(device).train()
-    opt_name = OPTIMIZER[{"cifar10": "resnet18", "imagenet": "resnet50"}.get(model, model)]
-    params = [p for p in net.parameters() if p.requires_grad]
-    if opt_name == "adam":
-        opt = torch.optim.Adam(params, lr=1e-4)
-    elif opt_name == "sgd+momentum":
-        opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
-    else:
-        opt = torch.optim.SGD(params, lr=0.1)
-
-    def step(accum: int = 1) -> None:
-        opt.zero_grad(set_to_none=True)
-        for i in range(accum):
-            loss = loss_fn(net, i)
-            (loss / accum).backward()
-        if model == "lm":
-            torch.nn.utils.clip_grad_norm_(params, 0.25)
-        opt.step()
-
-    n_params = sum(p.numel() for p in params)
-    return net, opt, step, n_params, opt_name
+    return build(model, batch, device)
 
 
 def _sync(device) -> None:
@@ -344,7 +166,9 @@ def run_memory(device, quick: bool) -> dict:
                 s_big, k_big = _fit([r["batch"] for r in big], [r[key] for r in big])
                 fit[key] = {"static_mb": s_all, "per_sample_mb": k_all, "static_mb_large_b": s_big, "per_sample_mb_large_b": k_big}
         n_params = next((r["params"] for r in rows if "params" in r), None)
-        copies = {"adam": 2, "sgd+momentum": 1, "sgd": 0}[OPTIMIZER[model]]
+        from gpu_models import CHECKPOINT
+
+        copies = CHECKPOINT[model].state_copies
         out["models"][model] = {
             "rows": rows,
             "fit": fit,
