@@ -205,24 +205,21 @@ def _spot(pool: dict[str, int], need: int, node_size: int) -> list[str] | None:
 
 
 class _HostTable:
-    """The pass's single-job hosts for Castor's vectorised Algorithm 2 (one column per host)."""
+    """The pass's view of the single-job hosts (`occ.hosts`, one column each for the vectorised Algorithm 2):
+    their solo step time and remaining iterations now, and which are still free to take a sharer."""
 
     def __init__(self, occ: Occupancy, now: float) -> None:
-        self.hosts = occ.hosts
+        self.occ = occ
         rows = occ.host_rows
         self.ta = occ.solo[rows]
         self.ia = occ.remaining_iters(now)[rows]
-        self.gidx = occ.host_group
-        self.groups = occ.groups
-        self.ngpus = occ.host_gpus
         self.alive = self.ia > 0
-        self.free_single = int(self.ngpus[self.alive].sum())
-        self.xi_cache = occ.xi_cache  # (model_b, micro_b) -> per-group xi arrays: depend on the hosts only
+        self.free_single = int(occ.host_gpus[self.alive].sum())
 
     def claim(self, i: int) -> None:
         if self.alive[i]:
             self.alive[i] = False
-            self.free_single -= int(self.ngpus[i])
+            self.free_single -= int(self.occ.host_gpus[i])
 
 
 class _Forecast:
@@ -251,7 +248,7 @@ class _Forecast:
         else:
             k = -(-need // self.node_size)
             frag = float(self.whole[k - 1]) if k <= len(self.whole) else float("inf")
-        flat = self.flat  # past the last GPU: beyond every current job's end, so the last end is the bound
+        flat = self.flat  # demand past the cluster's GPUs: the last current job's end is the bound
         queue = float(flat[min(ahead + need, len(flat)) - 1]) if len(flat) else float("inf")
         return max(frag, queue)
 
@@ -290,20 +287,21 @@ class Castor(SharingScheduler):
         i_b = self._remaining_iters(job, now)
         model_b = job.spec.model
         inter = self.interference
-        ta, ia, gidx = tab.ta, tab.ia, tab.gidx
-        n_groups = len(tab.groups)
+        occ = tab.occ
+        ta, ia, gidx = tab.ta, tab.ia, occ.host_group
+        n_groups = len(occ.groups)
         subs, xa_rows, xb_rows = [], [], []
         for b in sub_batches(per_gpu):
-            hit = tab.xi_cache.get((model_b, b))
+            hit = occ.xi_cache.get((model_b, b))
             if hit is None:
                 xa_g = np.full(n_groups, np.nan)
                 xb_g = np.full(n_groups, np.nan)
-                for gi, (ma, mia) in enumerate(tab.groups):
+                for gi, (ma, mia) in enumerate(occ.groups):
                     if pair_fits(ma, mia, model_b, b, mem):
                         x = inter.xi(ma, mia, model_b, b, gpu_type)
                         if x is not None:
                             xa_g[gi], xb_g[gi] = x
-                hit = tab.xi_cache[(model_b, b)] = (xa_g, xb_g, bool(np.isnan(xa_g).all()))
+                hit = occ.xi_cache[(model_b, b)] = (xa_g, xb_g, bool(np.isnan(xa_g).all()))
             if not hit[2]:
                 subs.append(b)
                 xa_rows.append(hit[0])
@@ -349,11 +347,10 @@ class Castor(SharingScheduler):
             o = theorem1(float(ta[i]), float(ia[i]), float(best_xa[i]), t_b, i_b, float(best_xb[i]), t_b_alone)
             return BatchChoice(True, b, per_gpu // b, float(best_xa[i]), float(best_xb[i]), o)
 
-        cands = ((float(best[i]), tab.hosts[i], int(i), choice) for i in order)  # BatchChoice built when used
-        self._t_b_alone = t_b_alone
-        return self._place(view, state, plan, job, now, cands, need, node_size, per_gpu, claimed)
+        cands = ((float(best[i]), occ.hosts[i], int(i), choice) for i in order)  # BatchChoice built when used
+        return self._place(view, state, plan, job, now, cands, need, node_size, per_gpu, t_b_alone, claimed)
 
-    def _place(self, view, state, plan, job, now, cands, need, node_size, per_gpu, claimed):
+    def _place(self, view, state, plan, job, now, cands, need, node_size, per_gpu, t_b_alone, claimed):
         # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds the job.
         pool = plan.free_map()
         shared_by_node: dict[str, list[tuple[int, Host, int, BatchChoice]]] = {}
@@ -408,7 +405,7 @@ class Castor(SharingScheduler):
         acc = per_gpu // micro
         worst = max(partners.values(), key=lambda p: p[2].outcome.t_b)[2]
         self._micro[job.job_id] = micro
-        self._record(view, state, job, now, [p for p, _, _ in partners.values()], self._t_b_alone, worst.outcome.t_b)
+        self._record(view, state, job, now, [p for p, _, _ in partners.values()], t_b_alone, worst.outcome.t_b)
         o = worst.outcome
         return ShareStart(
             job.job_id, tuple(gpus),
