@@ -68,6 +68,7 @@ class JobRecord:
     supervisor_pid: int = 0
     supervisor_start: str = ""  # /proc/PID/stat start time, guards against PID reuse
     pausing: bool = False  # a preemption was asked for: its exit means JobPaused
+    exec: dict | None = None  # ExecConfig.to_dict(): how it trains (micro-batch, accumulation, MPS limits, plan)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

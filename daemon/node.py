@@ -23,7 +23,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from meshsched import events as ev
-from meshsched.actions import Action, Kill, Launch, Preempt, ScheduleTimer
+from meshsched.actions import Action, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
 from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.gpus import GpuBackend, open_backend
 from meshsched.daemon.journal import Journal, JobRecord
@@ -33,10 +33,11 @@ from meshsched.daemon.notify import Notifier
 from meshsched.daemon.supervisor import LaunchSpec
 from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
-from meshsched.perf import load_perf_model
+from meshsched.executor import check_handlers, dispatch
+from meshsched.perf.loader import installed_handle
 from meshsched.policies.registry import make_policy
 from meshsched.protocol import SubmitRequest
-from meshsched.state import JobSpec, JobState, NodeSpec
+from meshsched.state import ExecConfig, JobSpec, JobState, NodeSpec
 
 LOG = logging.getLogger("meshd")
 HOLDING = {s.value for s in JobState if s.holds_gpus}
@@ -79,6 +80,10 @@ class NodeDaemon:
         self.directives: dict[str, list[dict]] = {}  # job -> directives for its rank 0, sent with the next reply
         self.throughput: dict[str, dict[int, dict]] = {}  # job -> rank -> latest report (samples/s, times)
         self._preempt_timers: dict[str, asyncio.TimerHandle] = {}
+        self._restart_for: dict[str, ExecConfig] = {}  # job -> config it restarts with once it has checkpointed
+        self._handlers = {Launch: self._launch, Preempt: self._preempt, Kill: self._kill,
+                          Reconfigure: self._reconfigure, ScheduleTimer: self._arm_timer}
+        check_handlers("meshd", self._handlers)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -100,7 +105,8 @@ class NodeDaemon:
             self.mps = open_mps(cfg, self.gpus)
             await self.mps.start()
             self._stack.push_async_callback(self.mps.close)
-            self.engine = Engine(make_policy(cfg.policy), ProfileEstimator(load_perf_model()))
+            handle = installed_handle()  # models are read here, once, never inside a scheduling pass
+            self.engine = Engine(make_policy(cfg.policy, handle), ProfileEstimator(handle.perf))
             self.launcher = Launcher(loop, self._on_exit, _systemd_run(cfg.systemd_scope))
             self._stack.callback(self.launcher.close)
             self._stack.callback(lambda: [t.cancel() for t in self._tasks])
@@ -178,33 +184,54 @@ class NodeDaemon:
         with self.journal.batch():
             actions = self.engine.handle(event, now)
             for action in actions:
-                if isinstance(action, ScheduleTimer):
-                    self._arm_timer(action)
-                else:
+                if not isinstance(action, ScheduleTimer):
                     touched.append(action.job_id)
-                    self._execute(action)
+                dispatch("meshd", self._handlers, action)
             for job_id in dict.fromkeys(touched):
                 self._sync(job_id, now)
 
-    def _execute(self, action: Action) -> None:
+    def _preempt(self, action: Preempt) -> None:
         rec = self.records[action.job_id]
-        if isinstance(action, Launch):
-            self._launch(rec, action)
-        elif isinstance(action, Preempt):
-            rec.pausing = True
-            if rec.job_id in self.sdk_jobs:  # cooperative: checkpoint-and-exit, SIGTERM after the grace period
-                self.send_directive(rec.job_id, {"kind": "checkpoint_exit"})
-                self._preempt_timers[rec.job_id] = asyncio.get_running_loop().call_later(
-                    self.config.preempt_grace, self._preempt_expired, rec.job_id)
-            else:
-                self.launcher.stop(rec.job_id, self.config.kill_grace)
-        elif isinstance(action, Kill):
-            if self.mps.kind == "none":
-                self.launcher.stop(rec.job_id, self.config.kill_grace)
-            else:  # MPS: terminate_client for every worker before any signal
-                task = asyncio.get_running_loop().create_task(self._terminate_then_stop(rec))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+        rec.pausing = True
+        self._restart_for.pop(rec.job_id, None)
+        self._checkpoint_exit(rec)
+
+    def _checkpoint_exit(self, rec: JobRecord) -> None:
+        if rec.job_id in self.sdk_jobs:  # cooperative: checkpoint-and-exit, SIGTERM after the grace period
+            self.send_directive(rec.job_id, {"kind": "checkpoint_exit"})
+            self._preempt_timers[rec.job_id] = asyncio.get_running_loop().call_later(
+                self.config.preempt_grace, self._preempt_expired, rec.job_id)
+        else:
+            self.launcher.stop(rec.job_id, self.config.kill_grace)
+
+    def _kill(self, action: Kill) -> None:
+        rec = self.records[action.job_id]
+        self._restart_for.pop(rec.job_id, None)
+        if self.mps.kind == "none":
+            self.launcher.stop(rec.job_id, self.config.kill_grace)
+        else:  # MPS: terminate_client for every worker before any signal
+            task = asyncio.get_running_loop().create_task(self._terminate_then_stop(rec))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _reconfigure(self, action: Reconfigure) -> None:
+        """Micro-batch and accumulation change in-process at a step boundary (a `calibrate` directive to the
+        SDK; applied when rank 0 collects it). MPS limits and plans are fixed per CUDA context: checkpoint and
+        exit, then the same GPUs are relaunched with the new config (see `_on_exit`)."""
+        rec = self.records[action.job_id]
+        x = action.exec
+        if not action.restart and rec.job_id in self.sdk_jobs:
+            self.send_directive(rec.job_id, {"kind": "calibrate", "accum_steps": x.accumulation,
+                                             "micro_batch": x.micro_batch, "exec": x.to_dict()})
+            return
+        self._restart_for[rec.job_id] = x
+        self._checkpoint_exit(rec)
+
+    def directive_taken(self, job_id: str, directive: dict) -> None:
+        """Rank 0 collected a directive: a calibration takes effect at its next step boundary."""
+        if directive.get("kind") == "calibrate" and "exec" in directive:
+            self._events.append(ev.ReconfigureApplied(self._sid("calibrated"), job_id,
+                                                      ExecConfig.from_dict(directive["exec"])))
 
     def _preempt_expired(self, job_id: str) -> None:
         self._preempt_timers.pop(job_id, None)
@@ -216,7 +243,12 @@ class NodeDaemon:
         self.directives.setdefault(job_id, []).append(directive)
 
     def take_directives(self, job_id: str) -> list[dict]:
-        return self.directives.pop(job_id, [])
+        out = self.directives.pop(job_id, [])
+        for d in out:
+            self.directive_taken(job_id, d)
+        if self._events and not self._dispatching:
+            self.dispatch(self._events.popleft())
+        return out
 
     async def _terminate_then_stop(self, rec: JobRecord) -> None:
         gpus = [self.engine.state.gpus[g].local_index for g in rec.assigned]
@@ -228,18 +260,24 @@ class NodeDaemon:
                 pass  # the signals below still stop it
         self.launcher.stop(rec.job_id, self.config.kill_grace)
 
-    def _launch(self, rec: JobRecord, action: Launch) -> None:
+    def _launch(self, action: Launch) -> None:
+        rec = self.records[action.job_id]
         state = self.engine.state
         local = [state.gpus[g].local_index for g in action.gpus]
+        x = action.exec
+        rec.exec = x.to_dict()
         env = dict(os.environ)
         env.update(rec.env)
         env.setdefault("MESH_GRACE_PERIOD", str(self.config.preempt_grace))
+        # The SDK trains with this micro-batch and accumulation (the global batch is unchanged).
+        env.update(MESH_MICRO_BATCH=str(x.micro_batch), MESH_ACCUM_STEPS=str(x.accumulation),
+                   MESH_MPS_PERCENTAGE=str(x.mps_percentage))
         self._forget_run(rec.job_id)
         spec = LaunchSpec(
             job_id=rec.job_id, command=rec.command, cwd=rec.cwd, env=env, local_gpus=local,
             master_port=free_port(), restart=action.restart, socket=str(self.config.job_socket),
             checkpoint_dir=str(Path(rec.job_dir) / "checkpoints"), grace=self.config.kill_grace,
-            rank_envs=[self.mps.client_env(g, share=100) for g in local],
+            rank_envs=[self.mps.client_env(g, share=x.mps_percentage, mem_limit_mb=x.memory_limit_mb) for g in local],
         )
         try:
             rec.supervisor_pid, rec.supervisor_start = self.launcher.spawn(Path(rec.job_dir), spec)
@@ -265,6 +303,8 @@ class NodeDaemon:
         rec.done_iterations = job.done_iterations
         rec.checkpoint_iterations = job.checkpoint_iterations
         rec.step_time = job.step_time
+        if job.exec is not None:
+            rec.exec = job.exec.to_dict()
         if job.state is JobState.LOADING and rec.start_time is None:
             rec.start_time = now
         if job.state.is_terminal and rec.end_time is None:
@@ -277,7 +317,7 @@ class NodeDaemon:
             LOG.info("job %s (%s): %s -> %s%s", job_id, rec.name, old, rec.state, why)
         self.journal.put(rec)
 
-    def _arm_timer(self, action: ScheduleTimer) -> None:
+    def _arm_timer(self, action: ScheduleTimer) -> None:  # the ScheduleTimer handler
         self._cancel_timer()
         loop = asyncio.get_running_loop()
         delay = max(0.0, action.at - time.time())
@@ -297,6 +337,12 @@ class NodeDaemon:
         if job is None or not job.state.holds_gpus:
             with self.journal.batch():
                 self.journal.put(rec)
+            return
+        again = self._restart_for.pop(job_id, None)
+        if again is not None and outcome.status == "preempted" and not rec.pausing:
+            # checkpointed for a reconfiguration: the same GPUs, the new config, resumed from the checkpoint
+            self._launch(Launch(job_id, job.gpus, job.checkpoint_iterations, job.restarts, again))
+            self.dispatch(ev.ReconfigureApplied(self._sid("reconfigured"), job_id, again))
             return
         self.dispatch(self._outcome_event(job_id, outcome, rec.pausing or job.state is JobState.PAUSING))
 
@@ -342,7 +388,8 @@ class NodeDaemon:
                 continue
             if rec.state in HOLDING and rec.assigned and max(rec.assigned) < ngpus:
                 adopt = ev.JobAdopted(self._sid("adopt"), spec, tuple(rec.assigned), rec.done_iterations,
-                                      rec.checkpoint_iterations, rec.restarts)
+                                      rec.checkpoint_iterations, rec.restarts,
+                                      ExecConfig.from_dict(rec.exec) if rec.exec else None)
                 job_dir = Path(rec.job_dir)
                 if self.launcher.adopt(rec.job_id, rec.supervisor_pid, rec.supervisor_start, job_dir):
                     self.dispatch(adopt)
@@ -433,6 +480,13 @@ class NodeDaemon:
         start = rec.start_time
         out["elapsed"] = 0.0 if start is None else max(0.0, (rec.end_time or now) - start)
         out["gpu_names"] = [self.engine.state.gpus[g].local_index for g in rec.assigned]
+        if job is not None and job.state.holds_gpus:  # its colocation set: jobs sharing any of its GPUs
+            gpus = self.engine.state.gpus
+            out["partners"] = sorted({o for g in job.gpus for o in gpus[g].jobs if o != rec.job_id}, key=_id_key)
+            if job.exec_pending is not None:
+                out["exec_pending"] = job.exec_pending.to_dict()
+        else:
+            out["partners"] = []
         ranks = self.throughput.get(rec.job_id)
         if ranks and job is not None and not job.state.is_terminal:  # reported by meshsched.job, per rank
             out["samples_per_second"] = round(sum(r["samples_per_second"] for r in ranks.values()), 3)
@@ -488,6 +542,10 @@ def _lock(path: Path):
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return lambda: os.close(fd)
+
+
+def _id_key(job_id: str) -> tuple:
+    return (0, int(job_id), "") if job_id.isdigit() else (1, 0, job_id)
 
 
 def _script(command: list[str]) -> str:

@@ -1,8 +1,10 @@
-"""What the engine asks the world (simulator or daemon) to do."""
+"""What the engine asks the world (simulator or daemon) to do; `meshsched.executor` says who carries it out."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from meshsched.state import ExecConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,11 +14,13 @@ class Action:
 
 @dataclass(frozen=True, slots=True)
 class Launch(Action):
-    """Start (or restart) the job on these global GPU indices, resuming from `resume_from` iterations."""
+    """Start (or restart) the job on these global GPU indices, resuming from `resume_from` iterations,
+    training as `exec` says (micro-batch, accumulation, MPS limits, plan)."""
 
     gpus: tuple[int, ...]
     resume_from: float
     restart: int
+    exec: ExecConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,17 +34,18 @@ class Kill(Action):
 
 
 @dataclass(frozen=True, slots=True)
+class Reconfigure(Action):
+    """Make the running job train as `exec` says. `restart`: by checkpoint and restart on the same GPUs (MPS
+    limits or plan changed); otherwise at a step boundary through the SDK (micro-batch, accumulation).
+    Answer with ReconfigureApplied once it took effect."""
+
+    exec: ExecConfig
+    restart: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ScheduleTimer:
     """Deliver Tick(key) at time `at`. A newer timer replaces every older one."""
 
     at: float
     key: int
-
-
-@dataclass(frozen=True, slots=True)
-class SetAccumulation(Action):
-    """Train with per-GPU micro-batch `micro_batch` and `accumulation` steps per optimizer step (Castor
-    Algorithm 2): the per-GPU batch per step, micro_batch * accumulation, and so the global batch, are unchanged."""
-
-    micro_batch: int
-    accumulation: int

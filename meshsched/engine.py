@@ -13,11 +13,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from meshsched import events as ev
-from meshsched.actions import Action, Kill, Launch, Preempt, ScheduleTimer, SetAccumulation
+from meshsched.actions import Action, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
 from meshsched.estimate import StepTimeEstimator
 from meshsched.perf.placement import ideal_placement
-from meshsched.policies.base import ClusterView, Evict, SchedulingPolicy, Start, Trigger, Wait
-from meshsched.state import ClusterState, Job, JobState
+from meshsched.policies import base as pb
+from meshsched.policies.base import ClusterView, Defer, Evict, Start, Trigger, Wait
+from meshsched.policies.stack import PolicyStack
+from meshsched.state import ClusterState, ExecConfig, Job, JobState
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +33,7 @@ class LogEntry:
 class Engine:
     def __init__(
         self,
-        policy: SchedulingPolicy,
+        policy: PolicyStack,
         estimator: StepTimeEstimator,
         state: ClusterState | None = None,
         *,
@@ -48,6 +50,7 @@ class Engine:
         self._seq = 0
         self._timer_at: float | None = None
         self._timer_key = 0
+        self._deferred: dict[str, float] = {}  # queued job -> until when a preemption layer deferred it
         self._handlers: dict[type, Callable[[ev.Event, float, list[Action]], Trigger | None]] = {
             ev.JobSubmitted: self._on_submitted,
             ev.JobStarted: self._on_started,
@@ -63,6 +66,8 @@ class Engine:
             ev.JobAdopted: self._on_adopted,
             ev.CheckpointSaved: self._on_checkpoint,
             ev.RecoveryDone: self._on_recovery_done,
+            ev.ReconfigureApplied: self._on_reconfigured,
+            ev.RankReport: self._on_rank_report,
         }
 
     # ---------------------------------------------------------------- entry point
@@ -136,7 +141,46 @@ class Engine:
         job.progress_time = now
         if e.step_time > 0:
             job.step_time = e.step_time
+        self._calibrate(job, now, e.stimulus_id, actions)
         return None
+
+    def _on_rank_report(self, e: ev.RankReport, now: float, actions: list[Action]) -> Trigger | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or job.state is not JobState.RUNNING:
+            return None
+        job.rank_step_times = tuple(e.step_times)
+        self._calibrate(job, now, e.stimulus_id, actions)
+        return None
+
+    def _on_reconfigured(self, e: ev.ReconfigureApplied, now: float, actions: list[Action]) -> Trigger | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or not job.state.holds_gpus:
+            return self._ignore(now, e, job)
+        job.exec = e.exec
+        if job.exec_pending == e.exec:
+            job.exec_pending = None
+        self._log(now, e.stimulus_id, job, f"now trains as {_fmt_exec(e.exec)}")
+        return None
+
+    def _calibrate(self, job: Job, now: float, stimulus: str, actions: list[Action]) -> None:
+        if self.policy.calibration is None:
+            return
+        for d in self.policy.calibrate(self.view(), job, now):
+            self._reconfigure(d, now, stimulus, actions)
+
+    def _reconfigure(self, d: pb.Reconfigure, now: float, stimulus: str, actions: list[Action]) -> None:
+        job = self.state.jobs[d.job_id]
+        if not job.state.holds_gpus or job.state is JobState.PAUSING:
+            raise ValueError(f"policy reconfigured {job.job_id} which is {job.state.value}")
+        current = job.exec_pending or job.exec or ExecConfig.default_for(job.spec)
+        if d.exec == current:
+            return
+        if d.exec.per_gpu_batch != current.per_gpu_batch and d.exec.plan == current.plan:
+            raise ValueError(f"policy reconfigured {job.job_id} to {_fmt_exec(d.exec)}: the per-GPU batch per step "
+                             f"would change from {current.per_gpu_batch} (the global batch is fixed)")
+        job.exec_pending = d.exec
+        actions.append(Reconfigure(job.job_id, d.exec, current.needs_restart(d.exec)))
+        self._log(now, stimulus, job, f"reconfigure to {_fmt_exec(d.exec)}: {d.reason}")
 
     def _on_paused(self, e: ev.JobPaused, now: float, actions: list[Action]) -> Trigger | None:
         job = self.state.jobs.get(e.job_id)
@@ -240,12 +284,12 @@ class Engine:
                 self.state.assign(job.job_id, d.gpus)
                 job.gpus = d.gpus
                 job.reason = ""
+                job.exec = d.exec or ExecConfig.default_for(job.spec)
+                job.exec_pending = None
                 self._active[job.job_id] = job
                 if job.acct.first_start is None:
                     job.acct.first_start = now
-                actions.append(Launch(job.job_id, d.gpus, job.checkpoint_iterations, job.restarts))
-                if getattr(d, "accumulation", 1) > 1:  # a sharing start with a smaller micro-batch (Castor Alg. 2)
-                    actions.append(SetAccumulation(job.job_id, d.micro_batch, d.accumulation))
+                actions.append(Launch(job.job_id, d.gpus, job.checkpoint_iterations, job.restarts, job.exec))
                 job.restarts += 1
                 self._log(now, stimulus, job, f"start on GPUs {_fmt_gpus(d.gpus)}: {d.reason}")
             elif isinstance(d, Evict):
@@ -262,9 +306,28 @@ class Engine:
                 self._log(now, stimulus, job, d.reason)
             elif isinstance(d, Wait):
                 job.reason = d.reason
+            elif isinstance(d, Defer):
+                if not job.state.is_queued:
+                    raise ValueError(f"policy deferred {job.job_id} which is {job.state.value}")
+                if not d.until > now:
+                    raise ValueError(f"policy deferred {job.job_id} to {d.until}, not after now ({now})")
+                job.deferred_until = d.until
+                job.reason = d.reason
+                self._deferred[job.job_id] = d.until
+                self._log(now, stimulus, job, f"deferred {d.until - now:.1f}s: {d.reason}")
+            elif isinstance(d, pb.Reconfigure):
+                self._reconfigure(d, now, stimulus, actions)
+            else:
+                raise TypeError(f"policy returned {d!r}, which is no decision")
 
     def _arm_timer(self, now: float, actions: list[Action]) -> None:
         at = self.policy.next_timer(self.view(), now)
+        if self._deferred:
+            for job_id in [j for j, t in self._deferred.items() if t <= now]:
+                del self._deferred[job_id]  # its deferral ran out: the pass that just ran saw it
+            if self._deferred:
+                first = min(self._deferred.values())
+                at = first if at is None else min(at, first)
         if at is None:
             self._timer_at = None
             return
@@ -284,6 +347,9 @@ class Engine:
         self._queued_gpus[job.spec.gpus] += 1
 
     def _dequeue(self, job: Job) -> None:
+        if job.deferred_until is not None:
+            job.deferred_until = None
+            self._deferred.pop(job.job_id, None)
         key, seq = self._qkey.pop(job.job_id)
         i = bisect.bisect_left(self._queue, (key, seq))
         del self._queue[i]
@@ -329,12 +395,12 @@ class Engine:
         return tuple(sorted(per_node.values(), reverse=True))
 
     def _ideal_step_time(self, spec) -> float:
-        nodes = [n for n in self.state.nodes.values() if n.alive]
-        if not nodes:
+        """Alone on a compact placement of the fastest GPU type among the live nodes."""
+        state = self.state
+        if not state.total_gpus:
             return self.estimator.step_time(spec, "", (spec.gpus,))
-        per_node = max(n.size for n in nodes)
-        gpu_type = self.state.gpus[nodes[0].gpus[0]].gpu_type
-        return self.estimator.step_time(spec, gpu_type, ideal_placement(spec.gpus, per_node))
+        placement = ideal_placement(spec.gpus, state.largest_node)
+        return min(self.estimator.step_time(spec, t, placement) for t in state.gpu_types)
 
 
     # ---------------------------------------------------------------- daemon recovery and checkpoints
@@ -362,6 +428,7 @@ class Engine:
                   progress_time=now, done_iterations=done, checkpoint_iterations=ckpt, restarts=e.restarts)
         self.state.assign(spec.job_id, e.gpus)
         job.gpus = e.gpus
+        job.exec = e.exec or ExecConfig.default_for(spec)
         job.acct.first_start = now
         job.step_time = self.estimator.step_time(spec, self._gpu_type(job), self._shape(job.gpus))
         self.state.jobs[spec.job_id] = job
@@ -383,6 +450,13 @@ class Engine:
     def _on_recovery_done(self, e: ev.RecoveryDone, now: float, actions: list[Action]) -> Trigger | None:
         self._log(now, e.stimulus_id, None, f"recovered {len(self.state.jobs)} job(s)")
         return Trigger.RELEASE
+
+
+def _fmt_exec(x: ExecConfig) -> str:
+    out = f"micro-batch {x.micro_batch} x {x.accumulation}, MPS {x.mps_percentage}%"
+    if x.memory_limit_mb:
+        out += f", memory {x.memory_limit_mb} MB"
+    return out + (f", plan {x.plan}" if x.plan else "")
 
 
 def _fmt_gpus(gpus: tuple[int, ...]) -> str:

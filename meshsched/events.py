@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshsched.state import JobSpec, NodeSpec
+from meshsched.state import ExecConfig, JobSpec, NodeSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +94,7 @@ class JobAdopted(Event):
     done_iterations: float
     checkpoint_iterations: float
     restarts: int
+    exec: ExecConfig | None = None  # how it trained when meshd went down (None: the job's default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,3 +108,19 @@ class CheckpointSaved(Event):
 @dataclass(frozen=True, slots=True)
 class RecoveryDone(Event):
     """Every durable record was restored: run one scheduling pass."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReconfigureApplied(Event):
+    """The job now trains as `exec` says (a Reconfigure took effect, at a step boundary or after a restart)."""
+
+    job_id: str
+    exec: ExecConfig
+
+
+@dataclass(frozen=True, slots=True)
+class RankReport(Event):
+    """Per-rank step times of a running job (rank order), for calibration policies."""
+
+    job_id: str
+    step_times: tuple[float, ...]

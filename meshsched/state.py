@@ -86,6 +86,54 @@ class JobSpec:
             raise ValueError(f"job {self.job_id}: iterations must be >= 1, got {self.iterations}")
 
 
+@dataclass(frozen=True, slots=True)
+class ExecConfig:
+    """How a job's ranks train: engine state, journaled with the job, carried by Launch and Reconfigure.
+
+    `micro_batch` x `accumulation` is the per-GPU batch of one optimizer step, so the global batch never
+    changes (Castor Algorithm 2). `mps_percentage` is each rank's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and
+    `memory_limit_mb` its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (None: no limit); both are fixed when a rank's CUDA
+    context is created, so changing them (or `plan`, an execution plan such as Rubick's) needs a restart.
+    """
+
+    micro_batch: int
+    accumulation: int = 1
+    mps_percentage: int = 100
+    memory_limit_mb: int | None = None
+    plan: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.micro_batch < 1 or self.accumulation < 1:
+            raise ValueError(f"micro_batch and accumulation must be >= 1, got {self.micro_batch} x {self.accumulation}")
+        if not 1 <= self.mps_percentage <= 100:
+            raise ValueError(f"mps_percentage must be in [1, 100], got {self.mps_percentage}")
+        if self.memory_limit_mb is not None and self.memory_limit_mb < 1:
+            raise ValueError(f"memory_limit_mb must be >= 1, got {self.memory_limit_mb}")
+
+    @classmethod
+    def default_for(cls, spec: JobSpec) -> ExecConfig:
+        """The job's whole per-GPU batch in one step, a full GPU, no plan."""
+        return cls(max(1, spec.batch_size // spec.gpus))
+
+    @property
+    def per_gpu_batch(self) -> int:
+        return self.micro_batch * self.accumulation
+
+    def needs_restart(self, new: ExecConfig) -> bool:
+        """Whether going from self to `new` needs a checkpoint and restart (MPS limits, plan), rather than a
+        change at a step boundary through the SDK (micro-batch, accumulation)."""
+        return (self.mps_percentage, self.memory_limit_mb, self.plan) != (new.mps_percentage, new.memory_limit_mb, new.plan)
+
+    def to_dict(self) -> dict:
+        return {"micro_batch": self.micro_batch, "accumulation": self.accumulation,
+                "mps_percentage": self.mps_percentage, "memory_limit_mb": self.memory_limit_mb, "plan": self.plan}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ExecConfig:
+        return cls(int(d["micro_batch"]), int(d.get("accumulation", 1)), int(d.get("mps_percentage", 100)),
+                   d.get("memory_limit_mb"), d.get("plan"))
+
+
 @dataclass(slots=True)
 class JobAccounting:
     """Where a job's time went (Lazer Eq. 1: JCT = W + L + T + P) and what it cost."""
@@ -118,6 +166,10 @@ class Job:
     restarts: int = 0
     reason: str = ""  # pending reason (Slurm-style) or end reason
     acct: JobAccounting = field(default_factory=JobAccounting)
+    exec: ExecConfig | None = None  # how it trains now (set at every start; None before the first)
+    exec_pending: ExecConfig | None = None  # asked for by a Reconfigure, not yet reported applied
+    deferred_until: float | None = None  # a preemption policy deferred its decision until then (Lazer)
+    rank_step_times: tuple[float, ...] = ()  # latest per-rank step times reported (calibration reads them)
 
     @property
     def job_id(self) -> str:
@@ -177,6 +229,8 @@ class Node:
     name: str
     gpus: list[int]  # global GPU indices
     alive: bool = True
+    gpu_type: str = ""
+    memory_mb: int = 0
 
     @property
     def size(self) -> int:
@@ -195,6 +249,7 @@ class NodeSpec:
             raise ValueError(f"node {self.name}: needs at least one GPU")
 
 
+
 class InvariantViolation(AssertionError):
     """`ClusterState.validate` found the state inconsistent."""
 
@@ -210,6 +265,7 @@ class ClusterState:
     total_gpus: int = 0  # GPUs on live nodes (kept by add_node / mark_lost)
     largest_node: int = 0  # GPUs of the biggest live node
     version: int = 0  # bumped on every change of who holds which GPU, and by the engine on every event but a submit
+    gpu_types: tuple[str, ...] = ()  # GPU types of the live nodes (kept by add_node / mark_lost)
 
     def add_node(self, spec: NodeSpec) -> Node:
         if spec.name in self.nodes:
@@ -223,7 +279,7 @@ class ClusterState:
         first = len(self.gpus)
         for i in range(spec.gpus):
             self.gpus.append(Gpu(first + i, spec.name, i, spec.gpu_type, spec.gpu_memory_mb))
-        node = Node(spec.name, list(range(first, first + spec.gpus)))
+        node = Node(spec.name, list(range(first, first + spec.gpus)), True, spec.gpu_type, spec.gpu_memory_mb)
         self.nodes[spec.name] = node
         self.free_by_node[spec.name] = spec.gpus
         self._resize()
@@ -239,6 +295,7 @@ class ClusterState:
         alive = [n.size for n in self.nodes.values() if n.alive]
         self.total_gpus = sum(alive)
         self.largest_node = max(alive, default=0)
+        self.gpu_types = tuple(sorted({n.gpu_type for n in self.nodes.values() if n.alive}))
 
     @property
     def free_gpus(self) -> int:

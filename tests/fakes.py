@@ -35,3 +35,11 @@ class LinearPerf:
 
     def gpu_memory_mb(self, gpu_type: str) -> int:
         return 16384
+
+
+def launch(job_id, gpus, resume_from=0.0, restart=0, per_gpu_batch=100):
+    """The Launch the engine sends for a job of the harnesses (global batch 100 per GPU, default ExecConfig)."""
+    from meshsched.actions import Launch
+    from meshsched.state import ExecConfig
+
+    return Launch(job_id, gpus, resume_from, restart, ExecConfig(per_gpu_batch))

@@ -9,14 +9,16 @@ import random
 import pytest
 
 from meshsched import events as ev
-from meshsched.actions import Launch, SetAccumulation
+from meshsched.actions import Launch
 from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
 from meshsched.perf import load_perf_model
 from meshsched.perf.memory import job_memory_mb, pair_fits
-from meshsched.policies.castor import Castor, Lucid, ShareStart, SjfFfs
+from meshsched.policies.castor import Castor, Lucid, SjfFfs
 from meshsched.policies.base import Start, Wait
-from meshsched.policies.registry import make_policy
+from meshsched.policies.base import Cycle, Trigger
+from meshsched.policies.registry import make_policy, stack_of
+from meshsched.state import ExecConfig
 from meshsched.policies.sharing import best_sub_batch, eq23_slope, pair_times, sub_batches, theorem1
 from meshsched.sim.world import SimWorld
 from meshsched.state import ClusterState, JobSpec, JobState, NodeSpec
@@ -128,7 +130,7 @@ def test_algorithm2_shrinks_micro_batch_to_fit():
 
 class Snap:
     def __init__(self, policy, nodes=(("n0", 2),)):
-        self.engine = Engine(policy, ProfileEstimator(PERF), ClusterState())
+        self.engine = Engine(stack_of(policy), ProfileEstimator(PERF), ClusterState())
         self.n = 0
         for name, g in nodes:
             self(ev.NodeJoined(f"join-{name}", NodeSpec(name, g, "v100", 16384)), 0.0)
@@ -201,10 +203,10 @@ def test_wait_forecast_counts_the_queue_ahead():
     s.started("D", 30.0)
     view = s.engine.view()
     state = s.engine.state
-    pol._forecast, pol._ahead = None, 0
-    soon = pol.wait_start(view, state, state.jobs["A"], 40.0)
-    pol._ahead = 1
-    later = pol.wait_start(view, state, state.jobs["A"], 40.0)
+    ps = pol._pass(view, Cycle(view, 40.0, Trigger.RELEASE))
+    soon = pol.wait_start(view, ps, state.jobs["A"])
+    ps.ahead = 1
+    later = pol.wait_start(view, ps, state.jobs["A"])
     assert 0 < soon < later  # D's GPU first, then only A's
     assert soon == pytest.approx(state.jobs["D"].remaining_time(40.0))
     assert later == pytest.approx(state.jobs["A"].remaining_time(40.0))
@@ -226,10 +228,11 @@ def test_castor_uses_free_gpus_first_and_emits_accumulation():
     s.started("B", 31.0)
     acts = s.submit("C", 1, 100, 40.0, model="resnet50", per_gpu=128)  # 64 + 128 of ResNet-50 do not fit
     launches = [a for a in acts if isinstance(a, Launch)]
-    accs = [a for a in acts if isinstance(a, SetAccumulation)]
-    assert len(launches) == 1 and len(accs) == 1
-    assert accs[0].micro_batch * accs[0].accumulation == 128
-    assert pair_fits("resnet50", 64, "resnet50", accs[0].micro_batch, 16384) or launches[0].gpus == (1,)
+    assert len(launches) == 1
+    x = launches[0].exec
+    assert x.accumulation > 1 and x.micro_batch * x.accumulation == 128  # the Launch carries the ExecConfig
+    assert pair_fits("resnet50", 64, "resnet50", x.micro_batch, 16384) or launches[0].gpus == (1,)
+    assert s.engine.state.jobs["C"].exec == x  # engine state, not policy state
 
 
 def test_policy_pass_leaves_state_unchanged():
@@ -239,6 +242,7 @@ def test_policy_pass_leaves_state_unchanged():
     s.submit("B", 4, 100_000, 1.0)  # pending? shares
     before = {g.index: list(g.jobs) for g in s.engine.state.gpus}
     s.engine.policy.schedule(s.engine.view(), 50.0, __import__("meshsched.policies.base", fromlist=["Trigger"]).Trigger.RELEASE)
+    assert s.engine.state.jobs["B"].exec is None or s.engine.state.jobs["B"].state.holds_gpus
     assert before == {g.index: list(g.jobs) for g in s.engine.state.gpus}
 
 
@@ -272,11 +276,11 @@ def test_world_rerates_partners_by_xi():
     w.submit(a)
     w.submit(b)
     t = PERF.iteration_time("resnet18", "v100", (1,), 64)
-    w.execute([Launch("A", (0,), 0.0, 0)], 0.0)
+    w.execute([Launch("A", (0,), 0.0, 0, ExecConfig(64))], 0.0)
     la = PERF.load_time("resnet18")
     assert w.pop() == (la, ev.JobStarted("loaded-A", "A"))
     w.started("A", la)
-    w.execute([Launch("B", (0,), 0.0, 0)], la)
+    w.execute([Launch("B", (0,), 0.0, 0, ExecConfig(64))], la)
     at, e = w.pop()
     assert isinstance(e, ev.JobStarted) and e.job_id == "B"
     w.started("B", at)
@@ -302,7 +306,7 @@ def test_castor_simulation_is_valid_and_shares():
         jobs = r.engine.state.jobs.values()
         assert all(j.state is JobState.COMPLETED for j in jobs)
         if name != "lucid":
-            assert r.engine.policy.share_log
+            assert r.engine.policy.placement.share_log
 
 
 # ---------------------------------------------------------------- interference ratios
@@ -357,6 +361,5 @@ def test_vectorised_castor_agrees_with_scalar_algorithm2():
         launched = [x for x in acts if isinstance(x, Launch)]
         assert bool(launched) == bool(ref is not None and ref.share)
         if launched:
-            accs = [x for x in acts if isinstance(x, SetAccumulation)]
-            micro = accs[0].micro_batch if accs else bb
+            micro = launched[0].exec.micro_batch
             assert micro == ref.sub_batch

@@ -4,7 +4,7 @@ from meshsched import events as ev
 from meshsched.actions import Launch
 from meshsched.engine import Engine
 from meshsched.policies.registry import make_policy
-from meshsched.state import JobSpec, JobState, NodeSpec
+from meshsched.state import ExecConfig, JobSpec, JobState, NodeSpec
 from tests.fakes import LinearPerf
 
 
@@ -40,7 +40,7 @@ def test_recovery_rebuilds_running_and_queued_then_schedules_once():
     assert [(a.job_id, a.gpus) for a in launches] == [("3", (0, 1))]  # SJF: the shortest first
     # a restored job resumes from its checkpoint and keeps its restart count
     launches = [a for a in eng.handle(ev.JobFinished("f", "1"), 12.0) if isinstance(a, Launch)]
-    assert launches == [Launch("2", (2, 3), 20.0, 1)]
+    assert launches == [Launch("2", (2, 3), 20.0, 1, ExecConfig(16))]
     eng.state.validate()
 
 
@@ -54,7 +54,7 @@ def test_checkpoint_saved_is_where_a_requeue_resumes():
     assert eng.state.jobs["1"].checkpoint_iterations == 25.0
     actions = eng.handle(ev.JobFailed("x", "1", "meshd restarted", requeue=True), 4.0)
     eng.state.validate()
-    assert actions[0] == Launch("1", (0, 1, 2, 3), 25.0, 1)
+    assert actions[0] == Launch("1", (0, 1, 2, 3), 25.0, 1, ExecConfig(8))
     # a checkpoint for a job not holding GPUs is ignored and logged
     eng.handle(ev.JobFinished("f", "1"), 5.0)
     assert eng.handle(ev.CheckpointSaved("c", "1", 99.0), 6.0) == []
@@ -63,3 +63,37 @@ def test_checkpoint_saved_is_where_a_requeue_resumes():
 
 def test_linear_perf_fake_still_imports():
     assert LinearPerf().models("fake") == ("m",)
+
+
+def test_adoption_restores_the_exec_config():
+    # A restart of meshd in the middle of a shared pair must not reset how the sharer trains.
+    eng = _engine()
+    shared = ExecConfig(8, 4, mps_percentage=50, memory_limit_mb=4000)
+    eng.handle(ev.JobAdopted("a", spec("1", 2, 100), (0, 1), 10.0, 0.0, 1, shared), 1.0)
+    eng.handle(ev.JobAdopted("b", spec("2", 2, 100), (0, 1), 10.0, 0.0, 1), 1.0)
+    eng.state.validate()
+    assert eng.state.jobs["1"].exec == shared
+    assert eng.state.jobs["2"].exec == ExecConfig(16)  # no record: the job's default
+
+
+def test_reconfigure_keeps_the_per_gpu_batch_and_waits_for_applied():
+    from meshsched.actions import Reconfigure
+    from meshsched.policies import base as pb
+
+    eng = _engine()
+    eng.handle(ev.JobSubmitted("s", spec("1", 2, 100)), 0.0)
+    eng.handle(ev.JobStarted("st", "1"), 1.0)
+    actions: list = []
+    eng._reconfigure(pb.Reconfigure("1", ExecConfig(4, 4), "test"), 2.0, "t", actions)
+    assert actions == [Reconfigure("1", ExecConfig(4, 4), restart=False)]
+    job = eng.state.jobs["1"]
+    assert job.exec == ExecConfig(16) and job.exec_pending == ExecConfig(4, 4)
+    actions = []
+    eng._reconfigure(pb.Reconfigure("1", ExecConfig(4, 4, mps_percentage=50), "t"), 2.0, "t", actions)
+    assert actions[0].restart  # an MPS limit is fixed per CUDA context
+    eng.handle(ev.ReconfigureApplied("ap", "1", ExecConfig(4, 4, mps_percentage=50)), 3.0)
+    assert job.exec == ExecConfig(4, 4, mps_percentage=50) and job.exec_pending is None
+    import pytest
+
+    with pytest.raises(ValueError, match="global batch"):
+        eng._reconfigure(pb.Reconfigure("1", ExecConfig(4, 2), "t"), 4.0, "t", [])

@@ -7,7 +7,7 @@ Times are hand-checkable with LinearPerf: a job of G GPUs with batch 100*G steps
 from __future__ import annotations
 
 import pytest
-from fakes import LinearPerf
+from fakes import LinearPerf, launch
 
 from meshsched import events as ev
 from meshsched.actions import Kill, Launch, Preempt, ScheduleTimer
@@ -91,7 +91,7 @@ def gpus_of_node(h: Harness, name: str) -> set[int]:
 def test_submit_launches_on_free_gpus_from_scratch():
     h = Harness(nodes=(("n0", 4), ("n1", 4)))
     actions = h.submit("a", 3, 100, 1.0)
-    assert actions == [Launch("a", (0, 1, 2), 0.0, 0)]
+    assert actions == [launch("a", (0, 1, 2), 0.0, 0)]
     a = h.job("a")
     assert a.state is S.LOADING and a.gpus == (0, 1, 2) and a.since == 1.0
     assert a.acct.first_start == 1.0 and a.restarts == 1
@@ -99,7 +99,7 @@ def test_submit_launches_on_free_gpus_from_scratch():
     assert h.state.free_by_node == {"n0": 1, "n1": 4}
     assert h.engine.queue_length == 0
     # the next job goes to the best-fitting node, not across both
-    assert h.submit("b", 4, 100, 2.0) == [Launch("b", (4, 5, 6, 7), 0.0, 0)]
+    assert h.submit("b", 4, 100, 2.0) == [launch("b", (4, 5, 6, 7), 0.0, 0)]
 
 
 def test_started_moves_to_running_with_the_estimated_step_time():
@@ -128,7 +128,7 @@ def test_finish_completes_frees_gpus_and_launches_the_next():
     h.started("a", 10.0)
     h.report("a", 60.0, 1.0, 70.0)
     actions = h.finished("a", 110.0)
-    assert actions == [Launch("b", (0, 1), 0.0, 0)]
+    assert actions == [launch("b", (0, 1), 0.0, 0)]
     a = h.job("a")
     assert a.state is S.COMPLETED and a.gpus == () and a.done_iterations == 100.0
     assert a.acct.finish_time == 110.0 and a.acct.run_time == pytest.approx(100.0)
@@ -170,7 +170,7 @@ def test_srtf_preemption_checkpoints_requeues_and_resumes_from_the_checkpoint():
     assert h.job("short").state is S.PENDING
 
     actions = h.paused("long", 88.0, 105.0)  # the checkpoint the job actually saved
-    assert actions == [Launch("short", (0, 1, 2, 3), 0.0, 0)]
+    assert actions == [launch("short", (0, 1, 2, 3), 0.0, 0)]
     assert long.state is S.PREEMPTED and long.gpus == ()
     assert long.checkpoint_iterations == long.done_iterations == 88.0
     assert long.acct.pause_time == pytest.approx(5.0)
@@ -178,7 +178,7 @@ def test_srtf_preemption_checkpoints_requeues_and_resumes_from_the_checkpoint():
 
     h.started("short", 115.0)
     actions = h.finished("short", 215.0)
-    assert actions == [Launch("long", (0, 1, 2, 3), 88.0, 1)]  # resumes; second launch
+    assert actions == [launch("long", (0, 1, 2, 3), 88.0, 1)]  # resumes; second launch
     assert long.restarts == 2 and long.state is S.LOADING
     h.started("long", 225.0)
     h.finished("long", 225.0 + 912.0)
@@ -202,7 +202,7 @@ def test_pause_that_saved_the_last_iteration_completes_the_job():
     assert h.submit("c", 4, 50, 106.0) == [Preempt("a")]
     actions = h.paused("a", 100.0, 110.0)  # ...but it reached the end before saving
     assert h.job("a").state is S.COMPLETED and h.job("a").done_iterations == 100.0
-    assert launches(actions) == [Launch("b", (0, 1, 2, 3), 0.0, 0)]  # b (10 s) beats c (50 s)
+    assert launches(actions) == [launch("b", (0, 1, 2, 3), 0.0, 0)]  # b (10 s) beats c (50 s)
 
 
 def test_eviction_during_loading_counts_futile_time():
@@ -214,7 +214,7 @@ def test_eviction_during_loading_counts_futile_time():
     assert a.state is S.PAUSING
     assert a.acct.futile_time == pytest.approx(4.0) and a.acct.futile_preemptions == 1
     assert a.acct.load_time == pytest.approx(4.0) and a.acct.preemptions == 1
-    assert h.paused("a", 0.0, 4.0) == [Launch("b", (0, 1, 2, 3), 0.0, 0)]
+    assert h.paused("a", 0.0, 4.0) == [launch("b", (0, 1, 2, 3), 0.0, 0)]
     assert a.state is S.PREEMPTED and a.checkpoint_iterations == 0.0
 
 
@@ -250,7 +250,7 @@ def test_cancel_a_running_job_kills_it_and_reuses_its_gpus():
     h.started("a", 10.0)
     h.submit("b", 4, 100, 1.0)
     actions = h.cancel("a", 20.0)
-    assert actions == [Kill("a"), Launch("b", (0, 1, 2, 3), 0.0, 0)]
+    assert actions == [Kill("a"), launch("b", (0, 1, 2, 3), 0.0, 0)]
     assert h.job("a").state is S.CANCELLED and h.job("a").gpus == ()
     assert h.job("a").acct.run_time == pytest.approx(10.0)
 
@@ -261,7 +261,7 @@ def test_cancel_a_pausing_job_kills_it():
     h.started("a", 10.0)
     h.submit("b", 4, 10, 20.0)
     actions = h.cancel("a", 21.0)
-    assert actions == [Kill("a"), Launch("b", (0, 1, 2, 3), 0.0, 0)]
+    assert actions == [Kill("a"), launch("b", (0, 1, 2, 3), 0.0, 0)]
     assert h.job("a").state is S.CANCELLED
     assert h.paused("a", 10.0, 25.0) == []  # its late pause is stale
     assert h.job("a").state is S.CANCELLED
@@ -283,7 +283,7 @@ def test_failure_frees_gpus_and_launches_the_next():
     h.submit("b", 4, 100, 1.0)
     h.started("a", 10.0)
     actions = h.failed("a", 30.0, reason="exit code 1")
-    assert actions == [Launch("b", (0, 1, 2, 3), 0.0, 0)]
+    assert actions == [launch("b", (0, 1, 2, 3), 0.0, 0)]
     a = h.job("a")
     assert a.state is S.FAILED and a.reason == "exit code 1" and a.gpus == () and a.acct.finish_time == 30.0
     assert h.failed("a", 31.0) == []  # already terminal: ignored
@@ -303,11 +303,11 @@ def test_requeue_failure_resumes_from_the_checkpoint_without_failing():
     h.submit("a", 4, 100, 0.0)
     h.started("a", 10.0)
     # the job saved a checkpoint at 40 and gave its GPUs back on its own; it is relaunched at once
-    assert h.paused("a", 40.0, 50.0) == [Launch("a", (0, 1, 2, 3), 40.0, 1)]
+    assert h.paused("a", 40.0, 50.0) == [launch("a", (0, 1, 2, 3), 40.0, 1)]
     h.started("a", 60.0)
     h.report("a", 70.0, 1.0, 90.0)
     actions = h.failed("a", 95.0, reason="neighbour crashed the MPS server", requeue=True)
-    assert actions == [Launch("a", (0, 1, 2, 3), 40.0, 2)]  # from the checkpoint, not from 70
+    assert actions == [launch("a", (0, 1, 2, 3), 40.0, 2)]  # from the checkpoint, not from 70
     a = h.job("a")
     assert a.state is S.LOADING and a.restarts == 3
     assert a.done_iterations == 40.0 and a.checkpoint_iterations == 40.0
@@ -328,7 +328,7 @@ def test_requeue_failure_of_a_job_already_requeued_does_not_fail_it():
     assert [j.job_id for j in h.engine.queued()] == ["a"]
     assert "ignored JobFailed" in h.engine.explain("a")[-1].message
     # it still runs once the node is back
-    assert launches(h.join("n1", 2, 30.0)) == [Launch("a", (2, 3, 0, 1), 0.0, 1)]
+    assert launches(h.join("n1", 2, 30.0)) == [launch("a", (2, 3, 0, 1), 0.0, 1)]
 
 
 def test_finish_reported_while_loading_completes_the_job():
@@ -341,7 +341,7 @@ def test_finish_reported_while_loading_completes_the_job():
     assert a.state is S.COMPLETED and a.gpus == () and a.done_iterations == 10.0
     assert a.acct.finish_time == 30.0
     assert a.acct.load_time + a.acct.run_time == pytest.approx(30.0)
-    assert actions == [Launch("b", (0, 1, 2, 3), 0.0, 0)]
+    assert actions == [launch("b", (0, 1, 2, 3), 0.0, 0)]
 
 
 # ------------------------------------------------------------------ nodes
@@ -368,7 +368,7 @@ def test_node_lost_requeues_its_jobs_from_checkpoint_and_stops_using_its_gpus():
     assert h.state.total_gpus == 4 and h.state.free_by_node == {"n0": 2, "n1": 0}
     assert h.engine.pending_reason("b").startswith("Unschedulable")
     # a 2-GPU job takes n0's free GPUs, never n1's
-    assert h.submit("d", 2, 10, 71.0) == [Launch("d", (2, 3), 0.0, 0)]
+    assert h.submit("d", 2, 10, 71.0) == [launch("d", (2, 3), 0.0, 0)]
     h.finished("a", 110.0)
     used = {g for j in h.state.jobs.values() for g in j.gpus}
     assert not used & gpus_of_node(h, "n1")
@@ -402,7 +402,7 @@ def test_rejoined_node_is_used_again():
     h = Harness(nodes=(("n0", 2), ("n1", 2)))
     h.lose("n1", 1.0)
     h.submit("a", 4, 10, 2.0)
-    assert h.join("n1", 2, 3.0) == [Launch("a", (2, 3, 0, 1), 0.0, 0)]
+    assert h.join("n1", 2, 3.0) == [launch("a", (2, 3, 0, 1), 0.0, 0)]
     with pytest.raises(ValueError):
         h.join("n1", 2, 4.0)  # already alive
 
@@ -443,7 +443,7 @@ def test_stale_tick_is_ignored_and_logged():
     assert t1.at == 60.0
     assert h(ev.Tick("wrong", t1.key + 7), 30.0) == []  # a key never issued
     assert h.job("a").state is S.PENDING
-    assert h(ev.Tick("t1", t1.key), 60.0) == [Launch("a", (0,), 0.0, 0)]
+    assert h(ev.Tick("t1", t1.key), 60.0) == [launch("a", (0,), 0.0, 0)]
     (t2,) = [x for x in h.submit("b", 1, 10, 61.0) if isinstance(x, ScheduleTimer)]
     assert (t2.at, t2.key > t1.key) == (120.0, True)
     before = {j: (x.state, x.gpus, x.since) for j, x in h.state.jobs.items()}

@@ -9,6 +9,7 @@ from meshsched import events as ev
 from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
 from meshsched.perf import load_perf_model
+from meshsched.policies.registry import stack_of
 from meshsched.policies.castor import Castor
 from meshsched.policies.occupancy import Occupancy
 from meshsched.state import ClusterState, JobSpec, NodeSpec
@@ -25,7 +26,7 @@ class FixedXi:
 
 
 def _engine(xi=(1.1, 1.1)):
-    eng = Engine(Castor(perf=PERF, interference=FixedXi(xi)), ProfileEstimator(PERF), ClusterState())
+    eng = Engine(stack_of(Castor(perf=PERF, interference=FixedXi(xi))), ProfileEstimator(PERF), ClusterState())
     for name in ("n0", "n1"):
         eng.handle(ev.NodeJoined(f"join-{name}", NodeSpec(name, 4, "v100", 16384)), 0.0)
     return eng

@@ -11,7 +11,7 @@ import copy
 import random
 
 import pytest
-from fakes import LinearPerf
+from fakes import LinearPerf, launch
 
 from meshsched import events as ev
 from meshsched.actions import Launch, Preempt, ScheduleTimer
@@ -20,7 +20,7 @@ from meshsched.estimate import ProfileEstimator
 from meshsched.policies.base import Evict, Start, Trigger
 from meshsched.policies.placement import Planner, fewest_nodes
 from meshsched.policies.queue import Fifo, LeastAttained, QueueScheduler, ShortestJob, ShortestRemaining
-from meshsched.policies.registry import POLICIES, UnknownPolicy, make_policy
+from meshsched.policies.registry import POLICIES, UnknownPolicy, make_policy, stack_of
 from meshsched.state import ClusterState, JobSpec, JobState, NodeSpec
 
 S = JobState
@@ -28,7 +28,7 @@ S = JobState
 
 class Harness:
     def __init__(self, policy="fifo", nodes=(("n0", 4),)) -> None:
-        pol = make_policy(policy) if isinstance(policy, str) else policy
+        pol = make_policy(policy) if isinstance(policy, str) else stack_of(policy)
         self.engine = Engine(pol, ProfileEstimator(LinearPerf()), ClusterState())
         self.n = 0
         for name, gpus in nodes:
@@ -178,7 +178,7 @@ def test_fifo_is_strict_head_of_line_blocking():
     assert h.engine.pending_reason("small") == "Priority"
     assert h.engine.pending_reason("head") == "Resources"
     actions = h.finished("a", 110.0)
-    assert actions == [Launch("head", (0, 1, 2, 3), 0.0, 0)]  # head first, small still waits
+    assert actions == [launch("head", (0, 1, 2, 3), 0.0, 0)]  # head first, small still waits
     assert h.job("small").state is S.PENDING
 
 
@@ -186,7 +186,7 @@ def test_fifo_is_never_blocked_by_a_job_larger_than_the_cluster():
     h = Harness("fifo")
     h.submit("a", 2, 100, 0.0)
     assert h.submit("huge", 8, 100, 1.0) == []
-    assert h.submit("small", 1, 10, 2.0) == [Launch("small", (2,), 0.0, 0)]
+    assert h.submit("small", 1, 10, 2.0) == [launch("small", (2,), 0.0, 0)]
     assert h.job("huge").state is S.PENDING
 
 
@@ -197,7 +197,7 @@ def test_fifo_starts_in_arrival_order_when_room_frees():
     for i, jid in enumerate(["x", "y", "z"]):
         h.submit(jid, 1, 10 * (3 - i), 1.0 + i)  # later arrivals are shorter: FIFO ignores that
     assert h.queue_ids() == ["x", "y", "z"]
-    assert h.finished("a", 110.0) == [Launch("x", (0,), 0.0, 0), Launch("y", (1,), 0.0, 0)]
+    assert h.finished("a", 110.0) == [launch("x", (0,), 0.0, 0), launch("y", (1,), 0.0, 0)]
 
 
 def test_sjf_backfills_around_a_blocked_job():
@@ -205,7 +205,7 @@ def test_sjf_backfills_around_a_blocked_job():
     h.submit("a", 2, 100, 0.0)
     h.started("a", 10.0)
     assert h.submit("wide", 4, 100, 1.0) == []
-    assert h.submit("small", 1, 500, 2.0) == [Launch("small", (2,), 0.0, 0)]
+    assert h.submit("small", 1, 500, 2.0) == [launch("small", (2,), 0.0, 0)]
 
 
 def test_sjf_orders_by_expected_duration():
@@ -217,7 +217,7 @@ def test_sjf_orders_by_expected_duration():
     h.submit("z", 1, 300, 3.0)
     assert h.queue_ids() == ["y", "z", "x"]
     assert [h.job(j).expected_duration for j in "yzx"] == pytest.approx([100.0, 300.0, 500.0])
-    assert h.finished("a", 110.0) == [Launch("y", (0,), 0.0, 0)]
+    assert h.finished("a", 110.0) == [launch("y", (0,), 0.0, 0)]
     assert h.submit("w", 1, 1, 111.0) == []  # non-preemptive: y keeps its GPU
     assert h.queue_ids() == ["w", "z", "x"]
 
@@ -261,7 +261,7 @@ def test_srtf_starts_on_free_gpus_without_evicting():
     h = Harness("srtf")
     h.submit("long", 2, 1000, 0.0)
     h.started("long", 10.0)
-    assert h.submit("short", 2, 10, 20.0) == [Launch("short", (2, 3), 0.0, 0)]
+    assert h.submit("short", 2, 10, 20.0) == [launch("short", (2, 3), 0.0, 0)]
 
 
 def test_srtf_uses_remaining_not_total_time():
@@ -285,7 +285,7 @@ def test_srtf_does_not_evict_a_second_victim_for_a_job_waiting_on_pausing_gpus()
     assert h.submit("j5", 4, 950, 22.0) == []
     assert h.job("jb").state is S.RUNNING
     actions = h.paused("j1", 10.0, 25.0)
-    assert actions == [Launch("j2", h.job("j2").gpus, 0.0, 0)]
+    assert actions == [launch("j2", h.job("j2").gpus, 0.0, 0)]
     assert sorted(h.job("j2").gpus) == [0, 1, 2, 3]
     assert h.job("jb").state is S.RUNNING
 
@@ -307,7 +307,7 @@ def test_srtf_release_gives_gpus_to_the_shortest_remaining():
     h.submit("x", 2, 300, 20.0)
     h.submit("y", 2, 200, 21.0)
     assert h.queue_ids() == ["y", "x"]
-    assert h.finished("a", 110.0) == [Launch("y", (0, 1), 0.0, 0)]
+    assert h.finished("a", 110.0) == [launch("y", (0, 1), 0.0, 0)]
 
 
 # ------------------------------------------------------------------ LAS (Tiresias 2D-LAS)
@@ -327,7 +327,7 @@ def test_las_attained_and_next_demotion():
     h = Harness(las(), nodes=(("n0", 2),))
     h.submit("a", 2, 100_000, 0.0)
     h.started("a", 10.0)
-    o = h.engine.policy.order
+    o = h.engine.policy.preemption.order
     a = h.job("a")
     assert o.attained(a, 30.0) == pytest.approx(40.0)  # 20 s x 2 GPUs, extrapolated while running
     assert o.next_demotion(a, 30.0) == pytest.approx(60.0)  # 60 GPU-s more at 2 GPU/s
@@ -347,7 +347,7 @@ def test_las_timer_at_next_demotion_then_a_fresh_job_preempts_the_demoted_one():
     assert no_timers(h.tick(t.key, t.at)) == [Preempt("old")]
     old = h.job("old")
     assert old.acct.preemptions == 1
-    assert h.paused("old", 50.0, 65.0) == [Launch("new", (0, 1), 0.0, 0)]
+    assert h.paused("old", 50.0, 65.0) == [launch("new", (0, 1), 0.0, 0)]
     assert old.acct.attained_gpu_time == pytest.approx(100.0)
     assert h.queue_ids() == ["old"]
 
@@ -377,7 +377,7 @@ def test_periodic_srtf_acts_only_on_its_60s_grid():
     assert no_timers(actions) == []  # nothing on arrival
     (t,) = timers(actions)
     assert t.at == 60.0
-    assert h.tick(t.key, 60.0) == [Launch("a", (0, 1, 2, 3), 0.0, 0)]  # empty queue: no next timer
+    assert h.tick(t.key, 60.0) == [launch("a", (0, 1, 2, 3), 0.0, 0)]  # empty queue: no next timer
     h.started("a", 70.0)
     actions = h.submit("b", 4, 100, 80.0)
     assert no_timers(actions) == [] and [x.at for x in timers(actions)] == [120.0]
@@ -388,7 +388,7 @@ def test_periodic_srtf_acts_only_on_its_60s_grid():
     (t,) = timers(actions)
     # b was chosen at the 120 s activation: it starts as soon as a's checkpoint is saved, not at 180 s
     actions = h.paused("a", 50.0, 125.0)
-    assert no_timers(actions) == [Launch("b", (0, 1, 2, 3), 0.0, 0)]
+    assert no_timers(actions) == [launch("b", (0, 1, 2, 3), 0.0, 0)]
     assert h.job("b").acct.wait_time == pytest.approx(45.0)
     # a, now queued, waits for the next activation even though nothing else happens
     assert h.job("a").state is S.PREEMPTED
@@ -405,7 +405,7 @@ def test_periodic_srtf_finish_waits_for_the_tick():
     assert no_timers(actions) == [] and [x.at for x in timers(actions)] == [180.0]  # a is shorter: b waits
     assert h.finished("a", 170.0) == []  # release: no launch until the tick
     assert h.job("b").state is S.PENDING
-    assert h.tick(timers(actions)[0].key, 180.0) == [Launch("b", (0, 1), 0.0, 0)]
+    assert h.tick(timers(actions)[0].key, 180.0) == [launch("b", (0, 1), 0.0, 0)]
 
 
 @pytest.mark.parametrize("interval", [60.0, 360.0])
@@ -425,14 +425,14 @@ def test_periodic_asks_no_timer_for_empty_or_unschedulable_queue():
     assert h.engine.policy.next_timer(h.engine.view(), 5.0) is None
     (t,) = timers(h.submit("ok", 1, 100, 6.0))  # a runnable job: now a timer
     actions = h.tick(t.key, 60.0)
-    assert actions == [Launch("ok", (0,), 0.0, 0)]  # only the huge job is left: no timer
+    assert actions == [launch("ok", (0,), 0.0, 0)]  # only the huge job is left: no timer
 
 
 def test_periodic_sjf_also_waits_for_the_tick():
     h = Harness("sjf@600")
     actions = h.submit("a", 1, 10, 1.0)
     assert no_timers(actions) == [] and timers(actions)[0].at == 600.0
-    assert h.tick(timers(actions)[0].key, 600.0) == [Launch("a", (0,), 0.0, 0)]
+    assert h.tick(timers(actions)[0].key, 600.0) == [launch("a", (0,), 0.0, 0)]
 
 
 # ------------------------------------------------------------------ registry
@@ -448,23 +448,54 @@ def test_periodic_sjf_also_waits_for_the_tick():
     ],
 )
 def test_make_policy_builds_each_baseline(spec, cls, preemptive, strict):
-    p = make_policy(spec)
+    stack = make_policy(spec)
+    p = stack.preemption if preemptive else stack.placement
+    assert (stack.preemption is not None) == preemptive
     assert isinstance(p, QueueScheduler) and isinstance(p.order, cls)
     assert (p.name, p.preemptive, p.strict, p.interval) == (spec, preemptive, strict, None)
-    assert make_policy(spec) is not p  # fresh each time (periodic policies keep per-run state)
+    if preemptive:  # a preemption policy alone runs over a greedy placement in its own order
+        assert isinstance(stack.placement.order, cls) and not stack.placement.preemptive
+    assert make_policy(spec).placement is not stack.placement  # fresh each time (periodic policies keep state)
 
 
 def test_every_registered_policy_builds_under_its_name():
-    assert {"fifo", "sjf", "srtf", "las"} <= set(POLICIES)
-    for name, (factory, doc) in POLICIES.items():
-        assert doc and make_policy(name).name == name
+    assert {"fifo", "sjf", "srtf", "las", "castor", "sjf-ffs", "lucid"} <= set(POLICIES)
+    for name, entry in POLICIES.items():
+        assert entry.doc and make_policy(name).name == name
 
 
-@pytest.mark.parametrize("spec, interval", [("srtf@60", 60.0), ("srtf@360", 360.0), (" srtf@600 ", 600.0), ("sjf@1.5", 1.5)])
+@pytest.mark.parametrize("spec, interval", [("srtf@60", 60.0), ("srtf@360", 360.0), (" srtf@600 ", 600.0), ("sjf@1.5", 1.5),
+                                            ("srtf:interval=360", 360.0)])
 def test_make_policy_periodic(spec, interval):
-    p = make_policy(spec)
-    assert p.interval == interval
-    assert p.name == spec.strip()
+    stack = make_policy(spec)
+    owner = stack.preemption or stack.placement
+    assert owner.interval == interval
+    assert stack.name == spec.strip()
+
+
+@pytest.mark.parametrize("spec, why", [
+    ("castor@360", "no periodic mode"),  # was accepted and silently ran event-driven
+    ("castor:depth=abc", "depth must be int"),
+    ("castor:depth=0", "positive"),
+    ("castor:nope=1", "no parameter 'nope'"),
+    ("castor+sjf-ffs", "both placement policies"),
+    ("srtf+las", "both preemption policies"),
+    ("fifo+srtf", "strict first-come-first-served"),
+    ("sjf+srtf", "srtf alone"),
+    ("castor@60+srtf", "no periodic mode"),
+    ("castor+", "empty item"),
+    ("srtf@360:interval=60", "given twice"),
+])
+def test_make_policy_refuses_combinations_that_make_no_sense(spec, why):
+    with pytest.raises(UnknownPolicy, match=why):
+        make_policy(spec)
+
+
+def test_stacks_compose_layers_by_name():
+    s = make_policy("castor+srtf")
+    assert type(s.placement).__name__ == "Castor" and s.preemption.order.name == "srtf"
+    assert s.queue_key is not None and make_policy("castor:depth=8").placement.depth == 8
+    assert make_policy("lucid:threshold=0.8").placement.threshold == 0.8
 
 
 @pytest.mark.parametrize("spec", ["nope", "", "SRTF", "srtf@abc", "srtf@0", "srtf@-60", "srtf@nan", "srtf@inf", "srtf@0.5", "@60"])
@@ -490,8 +521,9 @@ def _snapshot(engine: Engine):
 @pytest.mark.parametrize("spec", ["fifo@60", "sjf@60", "srtf@60", "las@60"])
 def test_a_scheduling_pass_does_not_mutate_state(spec):
     pol = make_policy(spec)
+    owner = pol.preemption or pol.placement
     if spec.startswith("las"):
-        pol.order = LeastAttained((50.0, 500.0))
+        owner.order = pol.placement.order = LeastAttained((50.0, 500.0))
     h = Harness(pol, nodes=(("n0", 8),))
     (t,) = timers(h.submit("j1", 4, 1000, 0.0))
     h.tick(t.key, 60.0)
@@ -501,7 +533,7 @@ def test_a_scheduling_pass_does_not_mutate_state(spec):
     before = _snapshot(h.engine)
     decisions = pol.schedule(h.engine.view(), 120.0, Trigger.TICK)
     assert any(isinstance(d, Start) for d in decisions)
-    if pol.preemptive:
+    if owner.preemptive:
         assert Evict in {type(d) for d in decisions}
     pol.next_timer(h.engine.view(), 120.0)
     assert _snapshot(h.engine) == before
@@ -555,14 +587,14 @@ def _remaining_events_until_done(h: Harness, now: float) -> float:
 def test_futile_preemption_under_srtf_eq2():
     h = _lazer_prefix("srtf")
     assert h.submit("j2", 4, 1000, 100.0) == [Preempt("j1")]  # T2 < T1: j1 pauses
-    assert h.paused("j1", 90.0, 105.0) == [Launch("j2", (0, 1, 2, 3), 0.0, 0)]  # after p1 = 5 s, j2 loads
+    assert h.paused("j1", 90.0, 105.0) == [launch("j2", (0, 1, 2, 3), 0.0, 0)]  # after p1 = 5 s, j2 loads
     # j3 arrives at 110: p1 = 5 < 10 <= p1 + l2 = 15 and T3 < T2 -> j2 is evicted while still LOADING
     assert h.submit("j3", 4, 100, 110.0) == [Preempt("j2")]
     j2 = h.job("j2")
     assert j2.state is S.PAUSING
     assert j2.acct.futile_preemptions == 1
     assert j2.acct.futile_time == pytest.approx(5.0)  # 110 - 105: all its load so far, wasted
-    assert h.paused("j2", 0.0, 110.0) == [Launch("j3", (0, 1, 2, 3), 0.0, 0)]
+    assert h.paused("j2", 0.0, 110.0) == [launch("j3", (0, 1, 2, 3), 0.0, 0)]
     end = _remaining_events_until_done(h, 110.0)
     jobs = h.state.jobs
     assert sum(j.acct.futile_time for j in jobs.values()) == pytest.approx(5.0)
@@ -595,7 +627,7 @@ def test_futile_preemption_window_of_eq2(delta_a, futile):
         h.paused("j2", h.job("j2").done_iterations if t3 > 115.0 else 0.0, t3 + (5.0 if t3 > 115.0 else 0.0))
     else:
         assert h.submit("j3", 4, 100, t3) == []
-        assert h.paused("j1", 90.0, 105.0) == [Launch("j3", (0, 1, 2, 3), 0.0, 0)]
+        assert h.paused("j1", 90.0, 105.0) == [launch("j3", (0, 1, 2, 3), 0.0, 0)]
     j2 = h.job("j2")
     assert j2.acct.futile_time == pytest.approx(futile)
     assert j2.acct.futile_preemptions == (1 if futile else 0)
@@ -609,7 +641,7 @@ def test_same_arrivals_under_sjf_have_no_futile_time():
     assert h.submit("j2", 4, 1000, 100.0) == []
     assert h.submit("j3", 4, 100, 110.0) == []
     assert h.queue_ids() == ["j3", "j2"]
-    assert h.finished("j1", 10_010.0) == [Launch("j3", (0, 1, 2, 3), 0.0, 0)]
+    assert h.finished("j1", 10_010.0) == [launch("j3", (0, 1, 2, 3), 0.0, 0)]
     _remaining_events_until_done(h, 10_010.0)
     for j in h.state.jobs.values():
         assert j.acct.futile_time == 0.0 and j.acct.futile_preemptions == 0 and j.acct.preemptions == 0

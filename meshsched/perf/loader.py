@@ -75,3 +75,10 @@ def load_interference():
     from meshsched.perf.interference import Interference
 
     return Interference(load_perf_model(), ir_predictor_from(files("meshsched.profiles")))
+
+
+def installed_handle(seed: int = 1):
+    """A PolicyHandle over the installed profiles: the performance model and the interference predictor."""
+    from meshsched.policies.stack import PolicyHandle
+
+    return PolicyHandle(load_perf_model(), load_interference(), seed)

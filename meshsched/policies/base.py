@@ -1,4 +1,8 @@
-"""The seam between the engine and policies: decisions, triggers, the read-only cluster view, the Protocol."""
+"""The seam between the engine and policies: decisions, triggers, the read-only cluster view, the per-pass
+`Cycle`, and one Protocol per layer (placement and sharing, preemption, calibration, plans).
+
+A `PolicyStack` (meshsched.policies.stack) composes one policy per layer; the engine talks to the stack only.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from meshsched.policies.placement import Planner
-from meshsched.state import ClusterState, Job, JobState
+from meshsched.state import ClusterState, ExecConfig, Job, JobState
 
 
 class Trigger(enum.Enum):
@@ -19,9 +23,13 @@ class Trigger(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Start:
+    """Start a queued job on these GPUs (some may already hold one job: sharing) training as `exec` says
+    (None: the job's default, `ExecConfig.default_for`)."""
+
     job_id: str
     gpus: tuple[int, ...]
     reason: str
+    exec: ExecConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +48,26 @@ class Wait:
     reason: str
 
 
-Decision = Start | Evict | Wait
+@dataclass(frozen=True, slots=True)
+class Defer:
+    """A preemption layer postpones its decision about a queued job until `until` (Lazer's deferral X):
+    the engine records it, shows the pending reason and wakes the stack then."""
+
+    job_id: str
+    until: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigure:
+    """Change how a job holding GPUs trains (calibration, plans); the engine turns it into the action."""
+
+    job_id: str
+    exec: ExecConfig
+    reason: str
+
+
+Decision = Start | Evict | Defer | Wait | Reconfigure
 
 
 class ClusterView:
@@ -120,17 +147,68 @@ class ClusterView:
         return Planner(self._state)
 
 
-class SchedulingPolicy(Protocol):
-    """Decides which queued jobs start where and which jobs are preempted. Never mutates state."""
+class Cycle:
+    """Scratch for one scheduling pass (the Kubernetes scheduler's CycleState): when and why it runs, the
+    pass's allocator, and a slot per policy for what it computes once per pass. Thrown away after the pass."""
+
+    __slots__ = ("now", "trigger", "arrived", "plan", "scratch")
+
+    def __init__(self, view: ClusterView, now: float, trigger: Trigger) -> None:
+        self.now = now
+        self.trigger = trigger
+        self.arrived = view.arrived if trigger is Trigger.ARRIVAL else None
+        self.plan = view.planner()
+        self.scratch: dict[str, object] = {}
+
+
+class PlacementPolicy(Protocol):
+    """Admission, placement and sharing: which queued jobs start where (Start / Wait). Never mutates state.
+
+    `try_start` places one job on what the pass has left (used by a preemption layer that owns the pass);
+    `monotone` says a failure to place N GPUs means no later job of N or more GPUs can be placed either."""
 
     name: str
+    periodic: bool  # can run every N seconds (`NAME@SECONDS`) instead of on every event
+    monotone: bool
 
     def queue_key(self, job: Job) -> tuple:
         """Sort key of a queued job (lower first). Must not change while the job stays queued."""
         ...
 
-    def schedule(self, view: ClusterView, now: float, trigger: Trigger) -> list[Decision]: ...
+    def place(self, view: ClusterView, cycle: Cycle) -> list[Decision]: ...
+
+    def try_start(self, view: ClusterView, cycle: Cycle, job: Job) -> Decision | None: ...
 
     def next_timer(self, view: ClusterView, now: float) -> float | None:
         """When the policy wants to be woken with Trigger.TICK (None: no timer)."""
         ...
+
+
+class PreemptionPolicy(Protocol):
+    """Which running jobs give way and when (Start / Evict / Defer / Wait). It owns the pass: it walks the
+    queue in its own order and asks the placement layer to start each job before considering evictions."""
+
+    name: str
+    periodic: bool
+
+    def queue_key(self, job: Job) -> tuple: ...
+
+    def schedule(self, view: ClusterView, cycle: Cycle, placement: PlacementPolicy) -> list[Decision]: ...
+
+    def next_timer(self, view: ClusterView, now: float) -> float | None: ...
+
+
+class CalibrationPolicy(Protocol):
+    """Inside a colocation set (node side): reads a job's per-rank reports, answers Reconfigure decisions."""
+
+    name: str
+
+    def calibrate(self, view: ClusterView, job: Job, now: float) -> list[Reconfigure]: ...
+
+
+class PlanPolicy(Protocol):
+    """Execution plans and resources of running jobs (Rubick): Reconfigure decisions."""
+
+    name: str
+
+    def replan(self, view: ClusterView, now: float) -> list[Decision]: ...

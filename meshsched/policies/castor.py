@@ -38,24 +38,17 @@ import numpy as np
 from meshsched.perf.errors import UnknownProfile
 from meshsched.perf.memory import pair_fits
 from meshsched.perf.placement import ideal_placement
-from meshsched.policies.base import ClusterView, Decision, Start, Trigger, Wait
+from meshsched.policies.base import ClusterView, Cycle, Decision, Start, Trigger, Wait
 from meshsched.policies.occupancy import Host, Occupancy
+from meshsched.policies.placement import Planner
 from meshsched.policies.sharing import BatchChoice, sub_batches, theorem1
-from meshsched.state import Job
+from meshsched.state import ClusterState, ExecConfig, Job
 
 LUCID_UTIL_THRESHOLD = 1.0
 # On a release, at most this many queued jobs (the first in SJF order that do not fit on free GPUs) get the
 # sharing search; the rest had theirs when they arrived and get it again as they move up the queue.
 # A bound on the pass's cost under a backlog of thousands (castor.txt searches every pending job).
 SHARE_SEARCH_DEPTH = 64  # combined busy fraction of the pair; documented assumption (see `utilisation`)
-
-
-@dataclass(frozen=True, slots=True)
-class ShareStart(Start):
-    """Start on GPUs that may hold another job; train with `micro_batch` x `accumulation` per GPU per step."""
-
-    micro_batch: int
-    accumulation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,42 +60,57 @@ class ShareRecord:
     partners: tuple[str, ...]
 
 
+class _Pass:
+    """One scheduling pass's scratch (kept in `Cycle.scratch`): what the sharing search computes once per pass."""
+
+    __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size")
+
+    def __init__(self, state: ClusterState, cycle: Cycle) -> None:
+        self.state = state
+        self.plan: Planner = cycle.plan
+        self.now = cycle.now
+        self.claimed: set[int] = set()  # single-job GPUs given to a sharer in this pass
+        self.hosts: list[Host] | None = None
+        self.ahead = 0  # GPU demand queued before the job being judged (started or not)
+        self.table: _HostTable | None = None
+        self.forecast: _Forecast | None = None
+        self.by_size: dict | None = None  # Lucid: hosts by GPU count
+
+
 @dataclass
 class SharingScheduler:
     """SJF on free GPUs; what to do when they are short is the subclass's `_share`."""
 
     name: str = "sharing"
-    perf: object | None = None  # meshsched.perf.PerfModel (loaded lazily)
+    perf: object | None = None  # meshsched.perf.PerfModel (handed in: PolicyHandle)
     interference: object | None = None  # meshsched.perf.interference.Interference
+    depth: int = 0  # release passes: queued jobs given the sharing search (0: SHARE_SEARCH_DEPTH)
     share_log: dict[str, ShareRecord] = field(default_factory=dict, repr=False)
-    _micro: dict[str, int] = field(default_factory=dict, repr=False)
-    _prefilled: bool = field(default=False, repr=False)
-    _ahead: int = field(default=0, repr=False)  # see `schedule`: GPU demand queued before the job being judged
+    _prefilled: set = field(default_factory=set, repr=False)
     _occ: Occupancy | None = field(default=None, repr=False)
+    periodic = False
+    monotone = False  # a job that cannot start on free GPUs may still share
+
+    def __post_init__(self) -> None:
+        if self.perf is None or self.interference is None:
+            raise ValueError(f"{self.name} needs the performance model and the interference predictor "
+                             "(build it with make_policy, which hands them in)")
+        self.depth = self.depth or SHARE_SEARCH_DEPTH
 
     # -- protocol ----------------------------------------------------------------------------------------
     def queue_key(self, job: Job) -> tuple:
         return (job.remaining_time(job.since), job.spec.submit_time)
 
-    def next_timer(self, view: ClusterView, now: float) -> float | None:
-        return None
-
-    def schedule(self, view: ClusterView, now: float, trigger: Trigger) -> list[Decision]:
-        self._forecast = None
+    def place(self, view: ClusterView, cycle: Cycle) -> list[Decision]:
         if view.queue_length == 0:
             return []
-        self._ensure_models()
-        state = view._state  # read-only: GPU occupancy for the sharing search  # noqa: SLF001
-        if state.gpus:
-            self._prefill(state.gpus[0].gpu_type)
-        plan = view.planner()
+        ps = self._pass(view, cycle)
+        plan = ps.plan
         total = view.total_gpus
         out: list[Decision] = []
-        claimed: set[int] = set()  # single-job GPUs given to a sharer in this pass
-        hosts: list[Host] | None = None
         no_start = total + 1
         min_need = view.min_queued_gpus
-        arrival = trigger is Trigger.ARRIVAL
+        arrival = cycle.trigger is Trigger.ARRIVAL
         newcomer_seen = not arrival
         searches = 0
         ahead = 0  # GPUs asked for by the queued jobs before `job` in this pass (started or not)
@@ -110,7 +118,7 @@ class SharingScheduler:
             need = job.spec.gpus
             if need > total:
                 continue
-            self._ahead, ahead = ahead, ahead + need
+            ps.ahead, ahead = ahead, ahead + need
             if arrival and newcomer_seen and no_start <= min_need:
                 break  # nothing later can start on free GPUs, and the newcomer has had its sharing search
             if job.job_id == view.arrived:
@@ -118,47 +126,73 @@ class SharingScheduler:
             if need < no_start:
                 gpus = plan.take(need) if need <= plan.free_total else None
                 if gpus is not None:
-                    self._micro.pop(job.job_id, None)
                     out.append(Start(job.job_id, gpus, f"{self.name}: {need} GPU(s) free"))
                     continue
                 no_start = need
             if arrival and job.job_id != view.arrived:
                 continue  # nothing was freed: only the newcomer can have gained a way to share
             if not arrival:
-                if searches >= SHARE_SEARCH_DEPTH:
+                if searches >= self.depth:
                     if no_start <= min_need:
                         break  # nothing later can start on free GPUs or get a sharing search
                     continue
                 searches += 1
-            if hosts is None:
-                hosts = self._occupancy(view, state).hosts
-            d = self._share(view, state, plan, job, now, hosts, claimed)
+            d = self._share(view, ps, job)
             if d is not None:
                 out.append(d)
         return out
 
-    # -- helpers -----------------------------------------------------------------------------------------
-    def _ensure_models(self) -> None:
-        if self.perf is None or self.interference is None:
-            from meshsched.perf.loader import load_interference, load_perf_model
+    def try_start(self, view: ClusterView, cycle: Cycle, job: Job) -> Decision | None:
+        """One job, for a preemption layer that owns the pass: free GPUs, else the sharing search."""
+        ps = self._pass(view, cycle)
+        need = job.spec.gpus
+        plan = ps.plan
+        gpus = plan.take(need) if need <= plan.free_total else None
+        if gpus is not None:
+            return Start(job.job_id, gpus, f"{self.name}: {need} GPU(s) free")
+        return self._share(view, ps, job)
 
-            self.perf = self.perf or load_perf_model()
-            self.interference = self.interference or load_interference()
+    def next_timer(self, view: ClusterView, now: float) -> float | None:
+        return None
+
+    # -- helpers -----------------------------------------------------------------------------------------
+    def _pass(self, view: ClusterView, cycle: Cycle) -> _Pass:
+        ps = cycle.scratch.get(self.name)
+        if ps is None:
+            state = view._state  # read-only: GPU occupancy for the sharing search  # noqa: SLF001
+            for t in state.gpu_types:
+                self._prefill(t)
+            ps = cycle.scratch[self.name] = _Pass(state, cycle)
+        return ps
 
     def _prefill(self, gpu_type: str) -> None:
         prefill = getattr(self.interference, "prefill", None)
-        if prefill is not None and not self._prefilled:
-            self._prefilled = True
+        if prefill is not None and gpu_type not in self._prefilled:
+            self._prefilled.add(gpu_type)
             prefill(gpu_type)
+
+    def _hosts(self, view: ClusterView, ps: _Pass) -> list[Host]:
+        if ps.hosts is None:
+            ps.hosts = self._occupancy(view, ps.state).hosts
+        return ps.hosts
 
     def _occupancy(self, view: ClusterView, state) -> Occupancy:
         """Jobs holding GPUs as arrays, rebuilt only when the state's version moved (see `occupancy`)."""
         if self._occ is None or not self._occ.current(state):
-            self._occ = Occupancy(state, view.holding(), self._solo_step, lambda j: (j.spec.model, self.micro_batch(j)))
+            gpus = state.gpus
+
+            def group(j: Job) -> tuple:
+                g = gpus[j.gpus[0]]
+                return (j.spec.model, self.micro_batch(j), g.gpu_type, g.memory_mb)
+
+            self._occ = Occupancy(state, view.holding(), self._solo_step, group)
         return self._occ
 
-    def micro_batch(self, job: Job) -> int:
-        return self._micro.get(job.job_id, max(1, job.spec.batch_size // job.spec.gpus))
+    @staticmethod
+    def micro_batch(job: Job) -> int:
+        """The per-GPU micro-batch the job trains with (its ExecConfig; before any start, its whole per-GPU batch)."""
+        x = job.exec
+        return x.micro_batch if x is not None else max(1, job.spec.batch_size // job.spec.gpus)
 
     def _remaining_iters(self, job: Job, now: float) -> float:
         return max(0.0, job.spec.iterations - job.iterations_at(now))
@@ -179,18 +213,19 @@ class SharingScheduler:
         taken.update(picked)
         return picked
 
-    def wait_start(self, view, state, job: Job, now: float) -> float:
+    def wait_start(self, view, ps: _Pass, job: Job) -> float:
         """Seconds from now until `job` could start on free GPUs if it waits (see `_Forecast`)."""
-        if self._forecast is None:
-            self._forecast = _Forecast(self._occupancy(view, state), now)
-        return self._forecast.wait(job.spec.gpus, self._ahead)
+        if ps.forecast is None:
+            ps.forecast = _Forecast(self._occupancy(view, ps.state), ps.now)
+        return ps.forecast.wait(job.spec.gpus, ps.ahead)
 
-    def _record(self, view, state, job: Job, now: float, partners, t_b_alone: float, shared_jct: float) -> None:
+    def _record(self, view, ps: _Pass, job: Job, partners, t_b_alone: float, shared_jct: float) -> None:
         """Log a sharing start with the JCT it would have had waiting until GPUs free up (eq. 24's numerator)."""
-        wait = self.wait_start(view, state, job, now) + t_b_alone * self._remaining_iters(job, now)
+        now = ps.now
+        wait = self.wait_start(view, ps, job) + t_b_alone * self._remaining_iters(job, now)
         self.share_log[job.job_id] = ShareRecord(job.job_id, now, wait, shared_jct, tuple(sorted(p.job_id for p in partners)))
 
-    def _share(self, view, state, plan, job: Job, now: float, hosts: list[Host], claimed: set[int]) -> Decision | None:
+    def _share(self, view, ps: _Pass, job: Job) -> Decision | None:
         raise NotImplementedError
 
 
@@ -260,45 +295,47 @@ class Castor(SharingScheduler):
     On an arrival only the newcomer is considered for sharing (nothing was freed, and every other queued
     job was already judged against the same hosts at the last pass); on a release, every queued job that
     does not fit on free GPUs is, in queue order. Algorithm 2 runs vectorised over all hosts at once
-    (`sharing.best_sub_batch` is the scalar reference; tests check they agree).
+    (`sharing.best_sub_batch` is the scalar reference; tests check they agree). On a cluster of mixed GPUs
+    each host is judged on its own GPU type and memory, and a job's GPUs are all of one type.
     """
 
     name: str = "castor"
 
-    def schedule(self, view, now, trigger):
-        self._table = None
-        return super().schedule(view, now, trigger)
-
-    def _share(self, view, state, plan, job, now, hosts, claimed):
-        if self._table is None:
-            self._table = _HostTable(self._occupancy(view, state), now)
-        tab = self._table
+    def _share(self, view, ps, job):
+        if ps.table is None:
+            ps.table = _HostTable(self._occupancy(view, ps.state), ps.now)
+        tab = ps.table
+        plan = ps.plan
         need = job.spec.gpus
         if plan.free_total + tab.free_single < need:
             return None
+        now = ps.now
         node_size = plan.node_size
-        gpu_type = state.gpus[0].gpu_type
-        mem = state.gpus[0].memory_mb
         per_gpu = max(1, job.spec.batch_size // need)
-        try:
-            t_b_alone = self._step(job, gpu_type, node_size, per_gpu, 1)
-        except (UnknownProfile, ValueError):
+        occ = tab.occ
+        ta, ia, gidx = tab.ta, tab.ia, occ.host_group
+        groups = occ.groups
+        types = sorted({g[2] for g in groups})
+        t_alone: dict[str, float] = {}
+        for t in types:
+            try:
+                t_alone[t] = self._step(job, t, node_size, per_gpu, 1)
+            except (UnknownProfile, ValueError):
+                pass
+        if not t_alone:
             return Wait(job.job_id, f"{self.name}: no profile to judge sharing; waiting for free GPUs")
         i_b = self._remaining_iters(job, now)
         model_b = job.spec.model
         inter = self.interference
-        occ = tab.occ
-        ta, ia, gidx = tab.ta, tab.ia, occ.host_group
-        n_groups = len(occ.groups)
         subs, xa_rows, xb_rows = [], [], []
         for b in sub_batches(per_gpu):
             hit = occ.xi_cache.get((model_b, b))
             if hit is None:
-                xa_g = np.full(n_groups, np.nan)
-                xb_g = np.full(n_groups, np.nan)
-                for gi, (ma, mia) in enumerate(occ.groups):
-                    if pair_fits(ma, mia, model_b, b, mem):
-                        x = inter.xi(ma, mia, model_b, b, gpu_type)
+                xa_g = np.full(len(groups), np.nan)
+                xb_g = np.full(len(groups), np.nan)
+                for gi, (ma, mia, gt, gmem) in enumerate(groups):
+                    if gt in t_alone and pair_fits(ma, mia, model_b, b, gmem):
+                        x = inter.xi(ma, mia, model_b, b, gt)
                         if x is not None:
                             xa_g[gi], xb_g[gi] = x
                 hit = occ.xi_cache[(model_b, b)] = (xa_g, xb_g, bool(np.isnan(xa_g).all()))
@@ -308,8 +345,13 @@ class Castor(SharingScheduler):
                 xb_rows.append(hit[1])
         if not subs:
             return None
-        # Algorithm 2 for every host at once: rows are B's sub-batches, columns the hosts.
-        t_b = np.array([self._step(job, gpu_type, node_size, b, per_gpu // b) for b in subs])[:, None]
+        # Algorithm 2 for every host at once: rows are B's sub-batches, columns the hosts (each on its GPU type).
+        host_type = [groups[g][2] for g in gidx]
+        tcol = {t: i for i, t in enumerate(t_alone)}
+        t_b_types = np.array([[self._step(job, t, node_size, b, per_gpu // b) for t in t_alone] for b in subs])
+        cols_t = np.array([tcol.get(t, 0) for t in host_type], dtype=np.int64)
+        t_b = t_b_types[:, cols_t] if len(t_alone) > 1 else t_b_types[:, :1]
+        t_b_alone = np.array([t_alone.get(t, np.nan) for t in host_type]) if len(t_alone) > 1 else next(iter(t_alone.values()))
         xa, xb = np.array(xa_rows)[:, gidx], np.array(xb_rows)[:, gidx]
         with np.errstate(divide="ignore", invalid="ignore"):
             ha, hb = ta * xa, t_b * xb
@@ -331,7 +373,7 @@ class Castor(SharingScheduler):
         # Waiting: A runs alone; B starts when enough GPUs are forecast free for it (`_Forecast`; Theorem 1's
         # kappa = t_A i_A assumes that is when A ends), then runs alone at its full batch.
         end_a = ta * ia
-        start_b = self.wait_start(view, state, job, now)
+        start_b = self.wait_start(view, ps, job)
         wait = (end_a + start_b + t_b_alone * i_b) / 2
         pays = feasible & (best < wait)
         if not pays.any():
@@ -343,20 +385,33 @@ class Castor(SharingScheduler):
 
         def choice(i: int) -> BatchChoice:
             b = int(best_b[i])
-            t_b = self._step(job, gpu_type, node_size, b, per_gpu // b)
-            o = theorem1(float(ta[i]), float(ia[i]), float(best_xa[i]), t_b, i_b, float(best_xb[i]), t_b_alone)
+            t = host_type[i]
+            t_b = self._step(job, t, node_size, b, per_gpu // b)
+            o = theorem1(float(ta[i]), float(ia[i]), float(best_xa[i]), t_b, i_b, float(best_xb[i]), t_alone[t])
             return BatchChoice(True, b, per_gpu // b, float(best_xa[i]), float(best_xb[i]), o)
 
-        cands = ((float(best[i]), occ.hosts[i], int(i), choice) for i in order)  # BatchChoice built when used
-        return self._place(view, state, plan, job, now, cands, need, node_size, per_gpu, t_b_alone, claimed)
+        cands = ((host_type[i], occ.hosts[i], int(i), choice) for i in order)  # BatchChoice built when used
+        return self._place(view, ps, job, cands, per_gpu, t_alone)
 
-    def _place(self, view, state, plan, job, now, cands, need, node_size, per_gpu, t_b_alone, claimed):
-        # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds the job.
-        pool = plan.free_map()
+    def _place(self, view, ps, job, cands, per_gpu, t_alone):
+        # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds
+        # the job. All of a job's GPUs are of one type: the best candidate's.
+        state, plan, need = ps.state, ps.plan, job.spec.gpus
+        node_size = plan.node_size
+        nodes = state.nodes
+        pool = None
+        gpu_type = None
         shared_by_node: dict[str, list[tuple[int, Host, int, BatchChoice]]] = {}
         chosen_nodes = None
         tried = 0
-        for _, h, i, choice in cands:
+        for t, h, i, choice in cands:
+            if gpu_type is None:
+                gpu_type = t
+                pool = plan.free_map()
+                if len(state.gpu_types) > 1:
+                    pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == t}
+            elif t != gpu_type:
+                continue
             tried += 1
             c = choice(i)
             for node, gs in h.nodes.items():
@@ -386,7 +441,7 @@ class Castor(SharingScheduler):
             return None
         # One micro-batch for all of the job's GPUs: the smallest partner's choice, or smaller, that fits
         # in memory and is feasible next to every partner.
-        mem, gpu_type = state.gpus[0].memory_mb, state.gpus[0].gpu_type
+        mem = nodes[chosen_nodes[0]].memory_mb or state.gpus[gpus[0]].memory_mb
         top = min(c.sub_batch for _, _, c in partners.values())
         micro = next(
             (b for b in sub_batches(per_gpu) if b <= top and all(
@@ -399,19 +454,18 @@ class Castor(SharingScheduler):
             return Wait(job.job_id, f"{self.name}: no micro-batch fits next to all of {','.join(sorted(partners))}")
         for node, n in free_needed:
             gpus += self._pick_free(state, plan, node, n)
-        claimed.update(gpus)
+        ps.claimed.update(gpus)
         for _, i, _ in partners.values():
-            self._table.claim(i)
+            ps.table.claim(i)
         acc = per_gpu // micro
         worst = max(partners.values(), key=lambda p: p[2].outcome.t_b)[2]
-        self._micro[job.job_id] = micro
-        self._record(view, state, job, now, [p for p, _, _ in partners.values()], t_b_alone, worst.outcome.t_b)
+        self._record(view, ps, job, [p for p, _, _ in partners.values()], t_alone[gpu_type], worst.outcome.t_b)
         o = worst.outcome
-        return ShareStart(
+        return Start(
             job.job_id, tuple(gpus),
             f"{self.name}: share with {','.join(sorted(partners))}, micro-batch {micro} x {acc}; pair mean JCT "
             f"{o.shared_mean:.0f}s shared vs waiting (xi {worst.xi_a:.2f}/{worst.xi_b:.2f})",
-            micro, acc,
+            ExecConfig(micro, acc),
         )  # fmt: skip
 
 
@@ -421,28 +475,37 @@ class SjfFfs(SharingScheduler):
 
     name: str = "sjf-ffs"
 
-    def _share(self, view, state, plan, job, now, hosts, claimed):
+    def _share(self, view, ps, job):
+        state, plan = ps.state, ps.plan
         need = job.spec.gpus
         node_size = plan.node_size
-        gpu_type = state.gpus[0].gpu_type
-        mem = state.gpus[0].memory_mb
         per_gpu = max(1, job.spec.batch_size // need)
         model_b = job.spec.model
         inter = self.interference
-        free = plan.free_map()
-        usable: dict[str, list[tuple[int, Job | None]]] = {}
-        for h in hosts:
-            a = h.job
-            ok = pair_fits(a.spec.model, self.micro_batch(a), model_b, per_gpu, mem) and (
-                inter.xi(a.spec.model, self.micro_batch(a), model_b, per_gpu, gpu_type) is not None
-            )
-            if not ok:
-                continue
-            for node, gs in h.nodes.items():
-                usable.setdefault(node, []).extend((g, a) for g in gs if g not in claimed)
-        pool = {n: free.get(n, 0) + len(usable.get(n, [])) for n in sorted(set(free) | set(usable))}
-        nodes = _spot(pool, need, node_size)
-        if nodes is None:
+        gpus_of = state.gpus
+        free_all = plan.free_map()
+        hosts = self._hosts(view, ps)
+        mixed = len(state.gpu_types) > 1
+        for gpu_type in state.gpu_types:  # one type per job; a single-type cluster has one round
+            free = {n: c for n, c in free_all.items() if state.nodes[n].gpu_type == gpu_type} if mixed else free_all
+            usable: dict[str, list[tuple[int, Job | None]]] = {}
+            for h in hosts:
+                a = h.job
+                g0 = gpus_of[h.gpus[0]]
+                if g0.gpu_type != gpu_type:
+                    continue
+                ok = pair_fits(a.spec.model, self.micro_batch(a), model_b, per_gpu, g0.memory_mb) and (
+                    inter.xi(a.spec.model, self.micro_batch(a), model_b, per_gpu, gpu_type) is not None
+                )
+                if not ok:
+                    continue
+                for node, gs in h.nodes.items():
+                    usable.setdefault(node, []).extend((g, a) for g in gs if g not in ps.claimed)
+            pool = {n: free.get(n, 0) + len(usable.get(n, [])) for n in sorted(set(free) | set(usable))}
+            nodes = _spot(pool, need, node_size)
+            if nodes is not None:
+                break
+        else:
             return None
         gpus: list[int] = []
         partners: dict[str, Job] = {}
@@ -459,13 +522,12 @@ class SjfFfs(SharingScheduler):
                 partners[a.job_id] = a
         if len(gpus) != need:
             return None
-        claimed.update(gpus)
-        self._micro.pop(job.job_id, None)
+        ps.claimed.update(gpus)
         if not partners:
             return Start(job.job_id, tuple(gpus), f"{self.name}: {need} GPU(s) free")
         try:
             t_b = self._step(job, gpu_type, node_size, per_gpu, 1)
-            self._record(view, state, job, now, list(partners.values()), t_b, float("nan"))
+            self._record(view, ps, job, list(partners.values()), t_b, float("nan"))
         except (UnknownProfile, ValueError):
             pass
         return Start(job.job_id, tuple(gpus), f"{self.name}: first-fit sharing with {','.join(sorted(partners))}")
@@ -491,63 +553,66 @@ class Lucid(SharingScheduler):
 
     name: str = "lucid"
     threshold: float = LUCID_UTIL_THRESHOLD
-    _by_size: dict | None = field(default=None, repr=False)
 
-    def schedule(self, view, now, trigger):
-        self._by_size = None
-        return super().schedule(view, now, trigger)
-
-    def _sized(self, hosts: list[Host], gpu_type: str) -> dict[int, list[tuple[float, int, Host]]]:
-        """Hosts whose every GPU holds only them, by GPU count, lowest utilisation first (built once per pass)."""
-        if self._by_size is None:
+    def _sized(self, view, ps) -> dict[int, list[tuple[float, int, Host]]]:
+        """Hosts whose every GPU holds only them, by GPU count, lowest utilisation first (built once per pass),
+        each judged on its own GPU type."""
+        if ps.by_size is None:
+            gpus = ps.state.gpus
             by: dict[int, list[tuple[float, int, Host]]] = {}
-            for h in hosts:
+            for h in self._hosts(view, ps):
                 a = h.job
                 if len(h.gpus) != a.spec.gpus:
                     continue
                 try:
-                    u = _util(self.perf, a.spec.model, gpu_type, self.micro_batch(a))
+                    u = _util(self.perf, a.spec.model, gpus[h.gpus[0]].gpu_type, self.micro_batch(a))
                 except UnknownProfile:
                     continue
                 by.setdefault(a.spec.gpus, []).append((u, h.gpus[0], h))
             for lst in by.values():
                 lst.sort(key=lambda x: (x[0], x[1]))
-            self._by_size = by
-        return self._by_size
+            ps.by_size = by
+        return ps.by_size
 
-    def _share(self, view, state, plan, job, now, hosts, claimed):
+    def _share(self, view, ps, job):
         need = job.spec.gpus
-        gpu_type = state.gpus[0].gpu_type
-        mem = state.gpus[0].memory_mb
+        gpus = ps.state.gpus
         per_gpu = max(1, job.spec.batch_size // need)
         model_b = job.spec.model
-        try:
-            u_b = _util(self.perf, model_b, gpu_type, per_gpu)
-        except UnknownProfile:
-            return None
+        u_b: dict[str, float | None] = {}
         best = None
-        for u_a, _, h in self._sized(hosts, gpu_type).get(need, ()):
-            u = u_b + u_a
+        for u_a, _, h in self._sized(view, ps).get(need, ()):
+            g0 = gpus[h.gpus[0]]
+            gpu_type = g0.gpu_type
+            if gpu_type not in u_b:
+                try:
+                    u_b[gpu_type] = _util(self.perf, model_b, gpu_type, per_gpu)
+                except UnknownProfile:
+                    u_b[gpu_type] = None
+            if u_b[gpu_type] is None:
+                continue
+            u = u_b[gpu_type] + u_a
             if u > self.threshold:
-                break  # sorted: every later host is busier
-            if claimed.intersection(h.gpus):
+                if len(ps.state.gpu_types) == 1:
+                    break  # sorted: every later host is busier
+                continue
+            if ps.claimed.intersection(h.gpus):
                 continue
             a = h.job
             micro_a = self.micro_batch(a)
-            if not pair_fits(a.spec.model, micro_a, model_b, per_gpu, mem):
+            if not pair_fits(a.spec.model, micro_a, model_b, per_gpu, g0.memory_mb):
                 continue
             if self.interference.xi(a.spec.model, micro_a, model_b, per_gpu, gpu_type) is None:
                 continue
-            best = (u, h)
+            best = (u, h, gpu_type)
             break
         if best is None:
             return None
-        u, h = best
-        claimed.update(h.gpus)
-        self._micro.pop(job.job_id, None)
+        u, h, gpu_type = best
+        ps.claimed.update(h.gpus)
         try:
-            t_b = self._step(job, gpu_type, plan.node_size, per_gpu, 1)
-            self._record(view, state, job, now, [h.job], t_b, float("nan"))
+            t_b = self._step(job, gpu_type, ps.plan.node_size, per_gpu, 1)
+            self._record(view, ps, job, [h.job], t_b, float("nan"))
         except (UnknownProfile, ValueError):
             pass
         return Start(job.job_id, h.gpus, f"{self.name}: packed with {h.job.job_id} (utilisation {u:.2f})")

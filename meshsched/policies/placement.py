@@ -2,7 +2,8 @@
 
 A job never spreads over more nodes than its size requires (ceil(gpus / largest node)): spread
 placements are several times slower (Gavel's unconsolidated measurements), so the job waits instead,
-as Philly's locality-constrained scheduler did.
+as Philly's locality-constrained scheduler did. On a cluster of mixed GPU types a job's GPUs are all of one
+type (a job spread over a V100 and a K80 runs at the K80's pace and mixes kernels built for each).
 """
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ def fewest_nodes(free: dict[str, int], want: int) -> list[tuple[str, int]] | Non
 class Planner:
     """Scratch allocation of free GPUs during one scheduling pass; the state is not touched."""
 
-    __slots__ = ("_state", "_free", "_taken", "_node_size", "free_total")
+    __slots__ = ("_state", "_free", "_taken", "_node_size", "_type", "free_total")
 
     def __init__(self, state: ClusterState) -> None:
         self._state = state
         self._free = {n: c for n, c in state.free_by_node.items() if c > 0}
         self._taken: set[int] = set()
         self._node_size = max(state.largest_node, 1)
+        self._type = {n.name: n.gpu_type for n in state.nodes.values()} if len(state.gpu_types) > 1 else None
         self.free_total = sum(self._free.values())  # free GPUs still unclaimed in this pass
 
     def free_map(self) -> dict[str, int]:
@@ -65,10 +67,16 @@ class Planner:
                 if want <= n < best_free:
                     best, best_free = name, n
             return None if best is None else [(best, want)]
-        plan = fewest_nodes(free, want)
-        if plan is None or len(plan) > -(-want // self._node_size):
-            return None
-        return plan
+        most = -(-want // self._node_size)
+        if self._type is None:
+            plan = fewest_nodes(free, want)
+            return None if plan is None or len(plan) > most else plan
+        best = None
+        for t in sorted(set(self._type.values())):  # one GPU type per job
+            plan = fewest_nodes({n: c for n, c in free.items() if self._type[n] == t}, want)
+            if plan is not None and len(plan) <= most and (best is None or len(plan) < len(best)):
+                best = plan
+        return best
 
     def withhold(self, node: str, count: int) -> int:
         """Keep up to `count` free GPUs of `node` out of this pass (reserved for a waiting job); returns how many."""

@@ -7,10 +7,10 @@ One scheduler walks the wait queue in its ordering's priority, starts what fits 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from meshsched.policies.base import ClusterView, Decision, Evict, Start, Trigger
+from meshsched.policies.base import ClusterView, Cycle, Decision, Evict, Start, Trigger
 from meshsched.state import Job, JobState
 
 
@@ -127,15 +127,37 @@ class QueueScheduler:
     _dirty: bool = field(default=True, repr=False)
     _promised: set[str] = field(default_factory=set, repr=False)  # periodic: decided at a tick, waiting on a pause
 
+    periodic: bool = field(default=True, init=False)
+
+    @property
+    def monotone(self) -> bool:
+        return True  # starts only on free GPUs: failing N GPUs means failing every larger job too
+
     def queue_key(self, job: Job) -> tuple:
         return self.order.priority(job, job.since)
 
-    def schedule(self, view: ClusterView, now: float, trigger: Trigger) -> list[Decision]:
+    def place(self, view: ClusterView, cycle: Cycle) -> list[Decision]:
+        """The whole pass as a placement layer (no preemption layer above it)."""
+        return self._activate(view, cycle, self)
+
+    def schedule(self, view: ClusterView, cycle: Cycle, placement) -> list[Decision]:
+        """The whole pass as a preemption layer: `placement` starts jobs, this policy evicts to make room."""
+        return self._activate(view, cycle, placement)
+
+    def try_start(self, view: ClusterView, cycle: Cycle, job: Job) -> Decision | None:
+        """Exclusive GPUs on the fewest nodes, if the pass still has them."""
+        need = job.spec.gpus
+        plan = cycle.plan
+        gpus = plan.take(need) if need <= plan.free_total else None
+        return None if gpus is None else Start(job.job_id, gpus, f"{self.name}: {need} GPU(s) free")
+
+    def _activate(self, view: ClusterView, cycle: Cycle, placement) -> list[Decision]:
+        trigger = cycle.trigger
         if self.interval is not None:
             if trigger is not Trigger.TICK:
                 self._dirty = True
                 # Jobs this policy already chose at its last activation start as soon as their GPUs are free.
-                return self._start_promised(view) if self._promised and trigger is Trigger.RELEASE else []
+                return self._start_promised(view, cycle, placement) if self._promised and trigger is Trigger.RELEASE else []
             # SRTF: with no arrival or release since the last pass, running jobs only got closer to
             # done, so nothing could have become startable or evictable.
             if not self._dirty and isinstance(self.order, ShortestRemaining):
@@ -145,28 +167,28 @@ class QueueScheduler:
             return []
         # On an arrival only the newcomer can have gained a reason to preempt: nothing was freed, and
         # running jobs only got closer to done since the last pass.
-        return self._pass(view, now, evict_for=view.arrived if trigger is Trigger.ARRIVAL else None)
+        return self._pass(view, cycle, placement, evict_for=cycle.arrived)
 
-    def _start_promised(self, view: ClusterView) -> list[Decision]:
-        plan = view.planner()
+    def _start_promised(self, view: ClusterView, cycle: Cycle, placement) -> list[Decision]:
         out: list[Decision] = []
         for job_id in sorted(self._promised, key=lambda j: view.job(j).spec.submit_time):
             job = view.job(job_id)
             if not job.state.is_queued:
                 self._promised.discard(job_id)
-            elif (gpus := plan.take(job.spec.gpus)) is not None:
-                out.append(Start(job_id, gpus, f"{self.name}: chosen at the last activation; GPUs now free"))
+            elif isinstance(d := placement.try_start(view, cycle, job), Start):
+                out.append(replace(d, reason=f"{self.name}: chosen at the last activation; GPUs now free"))
                 self._promised.discard(job_id)
         return out
 
-    def _pass(self, view: ClusterView, now: float, evict_for: str | None = None) -> list[Decision]:
+    def _pass(self, view: ClusterView, cycle: Cycle, placement, evict_for: str | None = None) -> list[Decision]:
         """Walk the queue best first: start what fits; if preemptive, evict worse jobs to make room.
 
         Failures are monotone down the queue (later jobs have fewer possible victims and the free
         pool only shrinks), so once N GPUs could not be started or made room for, no later job of N
         or more is tried again in this pass. `evict_for` limits eviction to one job (the newcomer).
         """
-        plan = view.planner()
+        now, plan = cycle.now, cycle.plan
+        monotone = placement.monotone
         soon = view.pausing_by_node() if self.preemptive else {}
         min_need = view.min_queued_gpus
         total = view.total_gpus
@@ -183,11 +205,14 @@ class QueueScheduler:
             if job.job_id == evict_for:
                 newcomer_seen = True
             if need < no_start:
-                gpus = plan.take(need) if need <= plan.free_total else None
-                if gpus is not None:
-                    decisions.append(Start(job.job_id, gpus, f"{self.name}: {need} GPU(s) free"))
+                d = placement.try_start(view, cycle, job)
+                if isinstance(d, Start):
+                    decisions.append(d)
                     continue
-                no_start = need
+                if d is not None:
+                    decisions.append(d)  # Wait: the placement layer's pending reason (an eviction may follow)
+                if monotone:
+                    no_start = need
             if not self.preemptive:
                 if self.strict or no_start <= min_need:
                     break

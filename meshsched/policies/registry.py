@@ -1,12 +1,20 @@
-"""Policies by name: `fifo`, `sjf`, `srtf`, `las`, and `NAME@SECONDS` for periodic activation."""
+"""Policies by name, composed into a stack: `castor+srtf`, typed parameters `srtf@360`, `castor:depth=64`.
+
+Grammar: STACK = ITEM ('+' ITEM)*, ITEM = NAME ['@' SECONDS] (':' KEY '=' VALUE)*. Each name belongs to one
+layer (placement and sharing, preemption, calibration, plan); a stack has at most one per layer and needs a
+placement (a preemption policy alone brings a greedy placement in its own queue order). `@SECONDS` (or
+`:interval=SECONDS`) runs the layer that owns the pass every SECONDS instead of on every event; only the
+queue policies support it. Every combination that makes no sense is refused with one line saying why.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from meshsched.policies.base import SchedulingPolicy
 from meshsched.policies.queue import Fifo, LeastAttained, QueueScheduler, ShortestJob, ShortestRemaining
-
+from meshsched.policies.stack import PolicyHandle, PolicyStack
 
 MIN_INTERVAL = 1.0  # seconds; a shorter activation interval is a busy loop, not a policy
 
@@ -15,70 +23,182 @@ class UnknownPolicy(ValueError):
     pass
 
 
-def _fifo(interval: float | None) -> SchedulingPolicy:
-    return QueueScheduler("fifo", Fifo(), strict=True, interval=interval)
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: type  # int, float or str
+    help: str
 
 
-def _sjf(interval: float | None) -> SchedulingPolicy:
-    return QueueScheduler("sjf", ShortestJob(), interval=interval)
+@dataclass(frozen=True)
+class Entry:
+    layer: str  # "placement" | "preemption" | "calibration" | "plan"
+    build: Callable[[dict, PolicyHandle], object]  # (typed parameters, handle) -> policy
+    doc: str
+    params: tuple[Param, ...] = ()
+    needs_models: bool = False
 
 
-def _srtf(interval: float | None) -> SchedulingPolicy:
-    return QueueScheduler("srtf", ShortestRemaining(), preemptive=True, interval=interval)
+_INTERVAL = Param("interval", float, "seconds between activations (also written NAME@SECONDS)")
 
 
-def _las(interval: float | None) -> SchedulingPolicy:
-    return QueueScheduler("las", LeastAttained(), preemptive=True, interval=interval)
+def _queue(name: str, order, **kw):
+    def build(args: dict, handle: PolicyHandle):
+        return QueueScheduler(name, order() if callable(order) else order, interval=args.get("interval"), **kw)
+    return build
 
 
-POLICIES: dict[str, tuple[Callable[[float | None], SchedulingPolicy], str]] = {
-    "fifo": (_fifo, "first come first served, head-of-line blocking, non-preemptive"),
-    "sjf": (_sjf, "shortest expected duration first, backfills, non-preemptive"),
-    "srtf": (_srtf, "shortest remaining time first, preempts on every arrival and release"),
-    "las": (_las, "Tiresias-style 2D-LAS: least attained GPU-time first, preemptive, needs no duration"),
+def _castor(args: dict, h: PolicyHandle):
+    from meshsched.policies.castor import Castor
+
+    return Castor(perf=h.perf, interference=h.interference, **({"depth": args["depth"]} if "depth" in args else {}))
+
+
+def _sjf_ffs(args: dict, h: PolicyHandle):
+    from meshsched.policies.castor import SjfFfs
+
+    return SjfFfs(perf=h.perf, interference=h.interference)
+
+
+def _lucid(args: dict, h: PolicyHandle):
+    from meshsched.policies.castor import Lucid
+
+    return Lucid(perf=h.perf, interference=h.interference, **({"threshold": args["threshold"]} if "threshold" in args else {}))
+
+
+POLICIES: dict[str, Entry] = {
+    "fifo": Entry("placement", _queue("fifo", Fifo, strict=True),
+                  "first come first served, head-of-line blocking, non-preemptive", (_INTERVAL,)),
+    "sjf": Entry("placement", _queue("sjf", ShortestJob), "shortest expected duration first, backfills, non-preemptive",
+                 (_INTERVAL,)),
+    "srtf": Entry("preemption", _queue("srtf", ShortestRemaining, preemptive=True),
+                  "shortest remaining time first, preempts on every arrival and release", (_INTERVAL,)),
+    "las": Entry("preemption", _queue("las", LeastAttained, preemptive=True),
+                 "Tiresias-style 2D-LAS: least attained GPU-time first, preemptive, needs no duration", (_INTERVAL,)),
+    "castor": Entry("placement", _castor,
+                    "Castor SJF-BSBF: SJF; shares a single-job GPU only when the pair's mean JCT beats waiting",
+                    (Param("depth", int, "queued jobs given the sharing search on a release (default 64)"),), True),
+    "sjf-ffs": Entry("placement", _sjf_ffs, "SJF with first-fit GPU sharing whenever free GPUs are short", (), True),
+    "lucid": Entry("placement", _lucid,
+                   "Lucid-like: shares only equal-size jobs whose combined profiled utilisation stays <= 1",
+                   (Param("threshold", float, "combined utilisation limit (default 1.0)"),), True),
+}
+
+# A preemption policy alone runs over a greedy placement in its own queue order.
+_COMPANION = {
+    "srtf": _queue("srtf", ShortestRemaining),
+    "las": _queue("las", LeastAttained),
 }
 
 
-def make_policy(spec: str) -> SchedulingPolicy:
-    """Build a fresh policy from its name, e.g. `srtf` or `srtf@360` (periodic, every 360 s)."""
-    name, _, every = spec.strip().partition("@")
+def _known() -> str:
+    return ", ".join(sorted(POLICIES))
+
+
+def _parse_item(item: str) -> tuple[str, dict]:
+    head, *pairs = item.split(":")
+    name, at, every = head.partition("@")
+    name = name.strip()
     entry = POLICIES.get(name)
     if entry is None:
-        raise UnknownPolicy(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))} (add @SECONDS for periodic)")
-    interval = None
-    if every:
+        raise UnknownPolicy(f"unknown policy {name!r}; known: {_known()} (combine with +, add @SECONDS for periodic)")
+    raw: dict[str, str] = {}
+    if at:
+        raw["interval"] = every.strip()
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise UnknownPolicy(f"policy {item!r}: parameters are written {name}:KEY=VALUE, got {pair!r}")
+        if key in raw:
+            raise UnknownPolicy(f"policy {item!r}: {key} given twice")
+        raw[key] = value.strip()
+    kinds = {p.name: p for p in entry.params}
+    args: dict = {}
+    for key, value in raw.items():
+        param = kinds.get(key)
+        if param is None:
+            if key == "interval":
+                raise UnknownPolicy(f"policy {item!r}: {name} runs on every event and has no periodic mode "
+                                    f"(@SECONDS works with {', '.join(n for n, e in POLICIES.items() if _INTERVAL in e.params)})")
+            known = ", ".join(p.name for p in entry.params) or "none"
+            raise UnknownPolicy(f"policy {item!r}: {name} has no parameter {key!r} (parameters: {known})")
         try:
-            interval = float(every)
+            v = param.kind(value)
         except ValueError:
-            raise UnknownPolicy(f"policy {spec!r}: the interval after @ must be seconds, got {every!r}") from None
-        if not MIN_INTERVAL <= interval < float("inf"):
-            raise UnknownPolicy(f"policy {spec!r}: the interval must be a finite number of seconds >= {MIN_INTERVAL:g}")
-    policy = entry[0](interval)
-    if interval is not None:
-        policy.name = f"{name}@{every}"
-    return policy
+            what = "seconds" if key == "interval" else param.kind.__name__
+            raise UnknownPolicy(f"policy {item!r}: {key} must be {what}, got {value!r}") from None
+        if key == "interval" and not MIN_INTERVAL <= v < math.inf:
+            raise UnknownPolicy(f"policy {item!r}: the interval must be a finite number of seconds >= {MIN_INTERVAL:g}")
+        if param.kind in (int, float) and key != "interval" and not (v > 0 and math.isfinite(v)):
+            raise UnknownPolicy(f"policy {item!r}: {key} must be a positive number, got {value!r}")
+        args[key] = v
+    return name, args
 
 
-def _castor(interval: float | None) -> SchedulingPolicy:
-    from meshsched.policies.castor import Castor
+def make_policy(spec: str, handle: PolicyHandle | None = None) -> PolicyStack:
+    """Build a fresh stack from its description, e.g. `srtf`, `srtf@360`, `castor+srtf`, `castor:depth=32`.
 
-    return Castor()
+    `handle` hands in the models; None builds one from the installed profiles when a policy needs them
+    (at construction, never inside a scheduling pass)."""
+    text = spec.strip()
+    layers = parse_policy(text)
+    preempt = layers.get("preemption")
+    if handle is None:
+        needs = any(POLICIES[n].needs_models for n, _ in layers.values())
+        handle = _installed_handle() if needs else PolicyHandle()
+    built = {layer: POLICIES[n].build(args, handle) for layer, (n, args) in layers.items()}
+    placement = built.get("placement")
+    if placement is None:
+        placement = _COMPANION[preempt[0]]({}, handle)
+    stack = PolicyStack(text, placement, built.get("preemption"), built.get("calibration"), built.get("plan"))
+    for layer, (n, args) in layers.items():
+        if "interval" in args:
+            built[layer].name = f"{n}@{args['interval']:g}"
+    return stack
 
 
-def _sjf_ffs(interval: float | None) -> SchedulingPolicy:
-    from meshsched.policies.castor import SjfFfs
+def parse_policy(spec: str) -> dict[str, tuple[str, dict]]:
+    """Check a stack description without building it: {layer: (name, typed parameters)}; UnknownPolicy if bad."""
+    text = spec.strip()
+    if not text:
+        raise UnknownPolicy(f"empty policy; known: {_known()}")
+    layers: dict[str, tuple[str, dict]] = {}
+    for item in text.split("+"):
+        if not item.strip():
+            raise UnknownPolicy(f"policy {spec!r}: empty item around '+'")
+        name, args = _parse_item(item.strip())
+        layer = POLICIES[name].layer
+        if layer in layers:
+            raise UnknownPolicy(f"policy {spec!r}: {layers[layer][0]} and {name} are both {layer} policies; a stack "
+                                f"takes one per layer")
+        layers[layer] = (name, args)
+    place, preempt = layers.get("placement"), layers.get("preemption")
+    if place is None and preempt is None:
+        raise UnknownPolicy(f"policy {spec!r}: a stack needs a placement or preemption policy ({_known()})")
+    if place is not None and preempt is not None:
+        if place[0] == "fifo":
+            raise UnknownPolicy(f"policy {spec!r}: fifo is strict first-come-first-served; preempting by "
+                                f"{preempt[0]}'s priority contradicts it (use {preempt[0]} alone)")
+        if POLICIES[place[0]].layer == "placement" and not POLICIES[place[0]].needs_models:
+            raise UnknownPolicy(f"policy {spec!r}: {place[0]}'s queue order is replaced by {preempt[0]}'s, so the "
+                                f"stack is {preempt[0]} alone (write {preempt[0]})")
+        if "interval" in place[1]:
+            raise UnknownPolicy(f"policy {spec!r}: only the layer that owns the pass ({preempt[0]}) may be periodic")
+    return layers
 
-    return SjfFfs()
+
+def _installed_handle() -> PolicyHandle:
+    from meshsched.perf.loader import installed_handle
+
+    return installed_handle()
 
 
-def _lucid(interval: float | None) -> SchedulingPolicy:
-    from meshsched.policies.castor import Lucid
-
-    return Lucid()
-
-
-POLICIES.update({
-    "castor": (_castor, "Castor SJF-BSBF: SJF; shares a single-job GPU only when the pair's mean JCT beats waiting"),
-    "sjf-ffs": (_sjf_ffs, "SJF with first-fit GPU sharing whenever free GPUs are short"),
-    "lucid": (_lucid, "Lucid-like: shares only equal-size jobs whose combined profiled utilisation stays <= 1"),
-})
+def stack_of(policy) -> PolicyStack:
+    """A stack around one hand-built queue policy (tests, benchmarks): a preemptive one owns the pass over a
+    greedy placement in its own order."""
+    if isinstance(policy, PolicyStack):
+        return policy
+    if getattr(policy, "preemptive", False):
+        return PolicyStack(policy.name, QueueScheduler(policy.name, policy.order), policy)
+    return PolicyStack(policy.name, policy)

@@ -8,32 +8,53 @@ from dataclasses import dataclass, field
 from meshsched import events as ev
 from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
-from meshsched.policies.base import SchedulingPolicy
+from meshsched.policies.stack import PolicyStack
 from meshsched.sim.world import SimWorld
 from meshsched.state import JobSpec, NodeSpec
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterSpec:
+    """`nodes` servers of `gpus_per_node` GPUs of one type; `extra` adds groups of other types (a mixed cluster)."""
+
     nodes: int
     gpus_per_node: int
     gpu_type: str
     gpu_memory_mb: int
+    extra: tuple[ClusterSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise ValueError(f"cluster needs at least one node with at least one GPU, got {self.nodes} x {self.gpus_per_node}")
 
     @property
+    def groups(self) -> tuple[ClusterSpec, ...]:
+        return (ClusterSpec(self.nodes, self.gpus_per_node, self.gpu_type, self.gpu_memory_mb), *self.extra)
+
+    @property
     def total_gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return sum(g.nodes * g.gpus_per_node for g in self.groups)
+
+    @property
+    def largest_node(self) -> int:
+        return max(g.gpus_per_node for g in self.groups)
+
+    def describe(self) -> str:
+        return " + ".join(f"{g.nodes} x {g.gpus_per_node} {g.gpu_type}" for g in self.groups)
 
     def node_specs(self) -> list[NodeSpec]:
-        width = len(str(self.nodes - 1))
-        return [
-            NodeSpec(f"node{i:0{width}d}", self.gpus_per_node, self.gpu_type, self.gpu_memory_mb)
-            for i in range(self.nodes)
-        ]
+        if not self.extra:
+            width = len(str(self.nodes - 1))
+            return [
+                NodeSpec(f"node{i:0{width}d}", self.gpus_per_node, self.gpu_type, self.gpu_memory_mb)
+                for i in range(self.nodes)
+            ]
+        out = []
+        for g in self.groups:
+            width = len(str(g.nodes - 1))
+            out += [NodeSpec(f"{g.gpu_type}-{i:0{width}d}", g.gpus_per_node, g.gpu_type, g.gpu_memory_mb)
+                    for i in range(g.nodes)]
+        return out
 
 
 @dataclass
@@ -47,21 +68,25 @@ class SimResult:
 
 def simulate(
     jobs: Sequence[JobSpec],
-    policy: SchedulingPolicy,
+    policy: PolicyStack,
     perf,
     cluster: ClusterSpec,
     *,
+    interference=None,
     after_event: Callable[[Engine], None] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> SimResult:
     """Replay `jobs` (sorted by submit_time) under `policy` until nothing is left to happen.
 
     `after_event(engine)` runs after every event (tests pass `lambda e: e.state.validate()`);
-    `progress(n_arrived)` is called every 1,000 arrivals.
+    `progress(n_arrived)` is called every 1,000 arrivals. `interference` is the truth for jobs sharing a GPU
+    (default: the predictor the policy stack was built with).
     """
     nodes = cluster.node_specs()
     engine = Engine(policy, ProfileEstimator(perf))
-    world = SimWorld(perf, nodes)
+    if interference is None:
+        interference = getattr(policy.placement, "interference", None)
+    world = SimWorld(perf, nodes, interference)
     for n in nodes:
         world.execute(engine.handle(ev.NodeJoined(f"join-{n.name}", n), 0.0), 0.0)
     result = SimResult(engine, cluster, 0)

@@ -4,7 +4,7 @@ Jobs advance by rate, not by ticks: a running job's finish is one scheduled even
 rate changes or it is preempted. Loading takes the model's load time l, a checkpoint its pause time p (Lazer).
 
 GPU sharing (at most two jobs per GPU): a training job's true step time is its solo step time (with its
-micro-batch and gradient accumulation, `SetAccumulation`) times the largest interference ratio xi it
+micro-batch and gradient accumulation, from the `ExecConfig` its Launch or Reconfigure carries) times the largest interference ratio xi it
 suffers on any of its GPUs from the job training next to it there (`meshsched.perf.interference`: measured
 pair, else the XGBoost prediction, else the conservative default). A job that is still loading does not
 slow its partner. When a partner starts training, pauses, finishes or is killed, every job sharing a GPU
@@ -20,9 +20,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from meshsched import events as ev
-from meshsched.actions import Action, Kill, Launch, Preempt, ScheduleTimer, SetAccumulation
+from meshsched.actions import Action, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
+from meshsched.executor import check_handlers, dispatch
 from meshsched.perf.memory import pair_fits
-from meshsched.state import JobSpec, NodeSpec
+from meshsched.state import ExecConfig, JobSpec, NodeSpec
 
 
 @dataclass(slots=True)
@@ -42,7 +43,7 @@ class _Run:
 
 
 class SimWorld:
-    """Owns the event heap; `push` schedules an event, `pop` returns the next live one."""
+    """Owns the event heap; `push` schedules an event, `pop` returns the next live one. An Executor."""
 
     def __init__(self, perf, nodes: list[NodeSpec], interference=None) -> None:  # perf: meshsched.perf.PerfModel
         self._perf = perf
@@ -61,13 +62,15 @@ class SimWorld:
         self._interference = interference
         self.oom_failures = 0
         self._now = 0.0  # time of the last event popped
+        self._handlers = {Launch: self._launch, Preempt: self._preempt, Kill: self._kill,
+                          Reconfigure: self._reconfigure, ScheduleTimer: self._timer}
+        check_handlers("SimWorld", self._handlers)
 
     @property
     def interference(self):
         if self._interference is None:
-            from meshsched.perf.loader import load_interference
-
-            self._interference = load_interference()
+            raise RuntimeError("jobs share GPUs but the simulator was given no interference model "
+                               "(simulate(..., interference=...))")
         return self._interference
 
     def push(self, at: float, event: ev.Event) -> int:
@@ -98,33 +101,58 @@ class SimWorld:
 
     def execute(self, actions: list[Action | ScheduleTimer], now: float) -> None:
         for a in actions:
-            if isinstance(a, Launch):
-                spec = self._specs[a.job_id]
-                per_gpu = max(1, spec.batch_size // spec.gpus)
-                step = self._perf.iteration_time(spec.model, self._gpu_type[a.gpus[0]], self._shape(a.gpus), per_gpu)
-                run = _Run(spec, a.resume_from, step, a.gpus, step, per_gpu)
-                self._runs[a.job_id] = run
-                run.token = self.push(now + self._perf.load_time(spec.model), ev.JobStarted(f"loaded-{a.job_id}", a.job_id))
-            elif isinstance(a, SetAccumulation):
-                run = self._runs.get(a.job_id)
-                if run is not None and run.started_at is None:
-                    run.micro_batch, run.accumulation = a.micro_batch, a.accumulation
-                    run.solo_step = run.step_time = self._solo(run)
-            elif isinstance(a, Preempt):
-                run = self._runs.pop(a.job_id)
-                if run.started_at is None:  # still loading: nothing new to save
-                    self.push(now, ev.JobPaused(f"paused-{a.job_id}", a.job_id, run.resume_from))
-                else:
-                    done = min(run.spec.iterations, run.resume_from + (now - run.started_at) / run.step_time)
-                    pause = self._perf.pause_time(run.spec.model)
-                    self._stop_training(a.job_id, run, now)
-                    self.push(now + pause, ev.JobPaused(f"paused-{a.job_id}", a.job_id, done))
-            elif isinstance(a, Kill):
-                run = self._runs.pop(a.job_id, None)
-                if run is not None and run.started_at is not None:
-                    self._stop_training(a.job_id, run, now)
-            elif isinstance(a, ScheduleTimer):
-                self.push(a.at, ev.Tick(f"tick-{a.key}", a.key))
+            dispatch("SimWorld", self._handlers, a, now)
+
+    def _launch(self, a: Launch, now: float) -> None:
+        spec = self._specs[a.job_id]
+        x = a.exec
+        run = _Run(spec, a.resume_from, 0.0, a.gpus, 0.0, x.micro_batch, x.accumulation)
+        self._check_exec(x)
+        run.solo_step = run.step_time = self._solo(run)
+        self._runs[a.job_id] = run
+        run.token = self.push(now + self._perf.load_time(spec.model), ev.JobStarted(f"loaded-{a.job_id}", a.job_id))
+
+    def _preempt(self, a: Preempt, now: float) -> None:
+        run = self._runs.pop(a.job_id)
+        if run.started_at is None:  # still loading: nothing new to save
+            self.push(now, ev.JobPaused(f"paused-{a.job_id}", a.job_id, run.resume_from))
+        else:
+            done = min(run.spec.iterations, run.resume_from + (now - run.started_at) / run.step_time)
+            pause = self._perf.pause_time(run.spec.model)
+            self._stop_training(a.job_id, run, now)
+            self.push(now + pause, ev.JobPaused(f"paused-{a.job_id}", a.job_id, done))
+
+    def _kill(self, a: Kill, now: float) -> None:
+        run = self._runs.pop(a.job_id, None)
+        if run is not None and run.started_at is not None:
+            self._stop_training(a.job_id, run, now)
+
+    def _reconfigure(self, a: Reconfigure, now: float) -> None:
+        """At a step boundary (free) or by checkpoint and restart (the job's pause plus load time, during which
+        it makes no progress); its finish is rescheduled at the new rate."""
+        run = self._runs.get(a.job_id)
+        if run is None:
+            return  # it ended before the reconfiguration reached it
+        self._check_exec(a.exec)
+        if run.started_at is not None:
+            run.resume_from = min(run.spec.iterations, run.resume_from + (now - run.started_at) / run.step_time)
+            run.started_at = now
+        run.micro_batch, run.accumulation = a.exec.micro_batch, a.exec.accumulation
+        run.solo_step = self._solo(run)
+        delay = self._perf.pause_time(run.spec.model) + self._perf.load_time(run.spec.model) if a.restart else 0.0
+        if run.started_at is not None:
+            run.started_at = now + delay  # progress resumes after the restart
+            self._rerate(a.job_id, run, now + delay)
+        self.push(now + delay, ev.ReconfigureApplied(f"reconfigured-{a.job_id}", a.job_id, a.exec))
+
+    def _timer(self, a: ScheduleTimer, now: float) -> None:
+        self.push(a.at, ev.Tick(f"tick-{a.key}", a.key))
+
+    @staticmethod
+    def _check_exec(x: ExecConfig) -> None:
+        if x.mps_percentage != 100 or x.plan is not None:
+            raise NotImplementedError("the simulator has no model yet for MPS thread limits or execution plans "
+                                      f"(asked for {x})")
 
     def started(self, job_id: str, now: float) -> None:
         """Loading finished: schedule the finish from the job's true rate (and re-rate its partners)."""
@@ -205,12 +233,13 @@ class SimWorld:
         """Bring progress up to `now` at the old rate, then reschedule the finish at the new one."""
         if run.started_at is None:
             return
-        done = min(run.spec.iterations, run.resume_from + (now - run.started_at) / run.step_time)
-        run.resume_from, run.started_at = done, now
+        done = min(run.spec.iterations, run.resume_from + max(0.0, now - run.started_at) / run.step_time)
+        at = max(now, run.started_at)  # later than now while a reconfiguration's restart is under way
+        run.resume_from, run.started_at = done, at
         xi = self._xi(run)
         run.xi_max = max(run.xi_max, xi)
         run.step_time = run.solo_step * xi
-        run.token = self.push(now + (run.spec.iterations - done) * run.step_time, ev.JobFinished(f"finished-{job_id}", job_id))
+        run.token = self.push(at + (run.spec.iterations - done) * run.step_time, ev.JobFinished(f"finished-{job_id}", job_id))
 
     def _stop_training(self, job_id: str, run: _Run, now: float) -> None:
         partners = self._partners(run)

@@ -1,0 +1,61 @@
+"""A stack of policies, one per layer, and the handle every policy is built with.
+
+The engine talks to a `PolicyStack` only: its queue order, its pass (the preemption layer owns the pass when
+there is one, asking the placement layer to start each job; otherwise the placement layer runs it), its
+calibration after per-rank reports, and its timer. `PolicyHandle` is what a factory hands a policy: the
+performance model, the interference predictor and a seeded RNG, so no policy loads anything itself.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from meshsched.policies.base import (
+    CalibrationPolicy, ClusterView, Cycle, Decision, PlacementPolicy, PlanPolicy, PreemptionPolicy, Reconfigure, Trigger,
+)
+from meshsched.state import Job
+
+
+@dataclass(frozen=True)
+class PolicyHandle:
+    """Models handed to policies at build time (the Kubernetes scheduler framework's `Handle`)."""
+
+    perf: object | None = None  # meshsched.perf.PerfModel
+    interference: object | None = None  # meshsched.perf.interference.Interference
+    seed: int = 1
+    rng: random.Random = field(default=None, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.rng is None:
+            object.__setattr__(self, "rng", random.Random(self.seed))
+
+
+@dataclass
+class PolicyStack:
+    name: str
+    placement: PlacementPolicy
+    preemption: PreemptionPolicy | None = None
+    calibration: CalibrationPolicy | None = None
+    plan: PlanPolicy | None = None
+
+    def queue_key(self, job: Job) -> tuple:
+        owner = self.preemption if self.preemption is not None else self.placement
+        return owner.queue_key(job)
+
+    def schedule(self, view: ClusterView, now: float, trigger: Trigger) -> list[Decision]:
+        cycle = Cycle(view, now, trigger)
+        if self.preemption is not None:
+            out = self.preemption.schedule(view, cycle, self.placement)
+        else:
+            out = self.placement.place(view, cycle)
+        if self.plan is not None:
+            out = list(out) + list(self.plan.replan(view, now))
+        return out
+
+    def calibrate(self, view: ClusterView, job: Job, now: float) -> list[Reconfigure]:
+        return [] if self.calibration is None else self.calibration.calibrate(view, job, now)
+
+    def next_timer(self, view: ClusterView, now: float) -> float | None:
+        owner = self.preemption if self.preemption is not None else self.placement
+        return owner.next_timer(view, now)
