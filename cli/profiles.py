@@ -43,7 +43,7 @@ def fit(
     if not (data / "throughputs").is_dir():
         fail(f"{data} has no throughputs/ folder; pass --data pointing at the shared data")
     try:
-        from meshsched.perf.fit import fit_profiles
+        from meshsched.cli.fit import fit_profiles
     except ImportError as e:
         fail(f"fitting needs scipy ({e}); install with: pip install 'meshsched[fit]'")
     typer.echo(fit_profiles(data, out))
@@ -56,7 +56,7 @@ def train_ir_cmd(
 ) -> None:
     """Train the XGBoost interference-ratio predictor on the measured colocation pairs (80/20 split by pair)."""
     try:
-        from meshsched.perf.interference_train import train_ir
+        from meshsched.cli.train_ir import train_ir
     except ImportError as e:
         fail(f"training needs xgboost ({e}); install with: pip install xgboost-cpu")
     report = train_ir(load_perf_model(), out)

@@ -38,6 +38,9 @@ def simulate_cmd(
     nodes: int = typer.Option(64, help="Simulated servers."),
     gpus_per_node: int = typer.Option(8, help="GPUs per server."),
     gpu_type: str = typer.Option(DEFAULT_GPU_TYPE, help="GPU type of the simulated cluster (k80, p100, v100, t4)."),
+    cluster_text: str | None = typer.Option(None, "--cluster", help="A mixed cluster, TYPE:NODES[xGPUS],... e.g. "
+                                            "v100:16,p100:16,k80:16 (overrides --nodes/--gpu-type; the first type is "
+                                            "the one trace durations are measured on)."),
     jobs: int | None = typer.Option(None, help="Replay only the first N jobs (after --window)."),
     window: str | None = typer.Option(None, help="START:END hours since the trace's first arrival."),
     load: float = typer.Option(1.0, help="Arrival-rate factor: 2 packs arrivals twice as densely."),
@@ -63,6 +66,16 @@ def simulate_cmd(
     except UnknownPolicy as e:
         fail(str(e))
     perf = load_perf_model()
+    cluster = None
+    if cluster_text is not None:
+        try:
+            cluster = ClusterSpec.parse(cluster_text, gpus_per_node, lambda t: perf.gpu_memory_mb(t) if t in perf.gpu_types else 0)
+        except ValueError as e:
+            fail(str(e))
+        for g in cluster.groups:
+            if g.gpu_type not in perf.gpu_types:
+                fail(f"unknown GPU type {g.gpu_type!r} in --cluster; profiled: {', '.join(perf.gpu_types)}")
+        gpu_type, gpus_per_node = cluster.gpu_type, cluster.largest_node
     if gpu_type not in perf.gpu_types:
         fail(f"unknown GPU type {gpu_type!r}; profiled: {', '.join(perf.gpu_types)}")
     try:
@@ -70,7 +83,8 @@ def simulate_cmd(
         tr = load_trace(trace, perf, opts)
     except (TraceError, UnknownProfile) as e:
         fail(str(e))
-    cluster = ClusterSpec(nodes, gpus_per_node, gpu_type, perf.gpu_memory_mb(gpu_type))
+    if cluster is None:
+        cluster = ClusterSpec(nodes, gpus_per_node, gpu_type, perf.gpu_memory_mb(gpu_type))
     err = Console(stderr=True)
     too_big = sum(1 for j in tr.jobs if j.gpus > cluster.total_gpus)
     if too_big and not json_out:
@@ -102,7 +116,7 @@ def simulate_cmd(
     if out is not None:
         _write_outputs(out, results, summaries)
     if plot:
-        from meshsched.sim.plot import plot_comparison
+        from meshsched.cli.plot import plot_comparison
 
         target = (out or Path(".")) / "simulate.png"
         plot_comparison(results, target)
@@ -112,7 +126,8 @@ def simulate_cmd(
         print_json(
             {
                 "trace": tr.name, "jobs": len(tr.jobs), "seed": seed, "load": load,
-                "cluster": {"nodes": nodes, "gpus_per_node": gpus_per_node, "gpu_type": gpu_type},
+                "cluster": [{"nodes": g.nodes, "gpus_per_node": g.gpus_per_node, "gpu_type": g.gpu_type}
+                            for g in cluster.groups],
                 "policies": [dict(summary_dict(s), sim_seconds=round(w, 2)) for s, w in summaries],
             }
         )  # fmt: skip
@@ -121,7 +136,7 @@ def simulate_cmd(
 
 
 def _print_table(trace: str, n: int, cluster, rows: list) -> None:
-    t = Table(title=f"{trace}: {n} jobs on {cluster.nodes} x {cluster.gpus_per_node} {cluster.gpu_type} GPUs")
+    t = Table(title=f"{trace}: {n} jobs on {cluster.describe()} GPUs")
     for col in (
         "policy", "done", "unsched", "JCT h", "p50", "p95", "p99", "wait h", "span h",
         "preempt", "futile", "fut GPU-h", "util", "deadl", "sim s",
@@ -144,7 +159,7 @@ def _write_outputs(out: Path, results: dict, rows: list) -> None:
     import csv
     import json
 
-    from meshsched.sim.metrics import summary_dict, write_jobs_csv
+    from meshsched.sim.metrics import summary_dict
 
     for name, r in results.items():
         write_jobs_csv(r, out / f"jobs-{name.replace('@', '_at_')}.csv")
@@ -154,6 +169,19 @@ def _write_outputs(out: Path, results: dict, rows: list) -> None:
         w = csv.DictWriter(f, fieldnames=list(dicts[0]))
         w.writeheader()
         w.writerows(dicts)
+
+
+def write_jobs_csv(result, path: Path) -> None:
+    """One row per job (`meshsched.sim.metrics.JOB_COLUMNS`)."""
+    import csv
+
+    from meshsched.sim.metrics import JOB_COLUMNS, job_row
+
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=JOB_COLUMNS)
+        w.writeheader()
+        for job in result.engine.state.jobs.values():
+            w.writerow(job_row(job))
 
 
 def register(app: typer.Typer) -> None:

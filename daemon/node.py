@@ -23,7 +23,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from meshsched import events as ev
-from meshsched.actions import Action, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
+from meshsched.actions import Kill, Launch, Preempt, Reconfigure, ScheduleTimer
 from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.gpus import GpuBackend, open_backend
 from meshsched.daemon.journal import Journal, JobRecord

@@ -330,7 +330,7 @@ def test_train_ir_writes_a_loadable_model(tmp_path):
     from pathlib import Path
 
     from meshsched.perf.interference import Interference
-    from meshsched.perf.interference_train import train_ir
+    from meshsched.cli.train_ir import train_ir
     from meshsched.perf.loader import ir_predictor_from
 
     report = train_ir(PERF, tmp_path, grid={"max_depth": (3,), "min_child_weight": (2,), "rounds": (10,)})  # small: fast

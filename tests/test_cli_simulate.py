@@ -57,7 +57,7 @@ def test_simulate_json_one_entry_per_policy():
     _ok(r)
     data = json.loads(r.stdout)
     assert data["trace"] == "philly" and data["jobs"] == 200 and data["seed"] == 1 and data["load"] == 1.0
-    assert data["cluster"] == {"nodes": 2, "gpus_per_node": 8, "gpu_type": DEFAULT_GPU_TYPE}
+    assert data["cluster"] == [{"nodes": 2, "gpus_per_node": 8, "gpu_type": DEFAULT_GPU_TYPE}]
     assert [p["policy"] for p in data["policies"]] == ["fifo", "sjf"]
     for p in data["policies"]:
         assert SUMMARY_KEYS <= set(p), SUMMARY_KEYS - set(p)

@@ -13,7 +13,7 @@ from meshsched.perf.loader import ir_predictor_from, load_perf_model
 
 pytest.importorskip("xgboost")
 
-from meshsched.perf import interference_train as T  # noqa: E402
+from meshsched.cli import train_ir as T  # noqa: E402
 
 PERF = load_perf_model()
 

@@ -247,7 +247,7 @@ def test_unknown_profile(pm: PerfModel) -> None:
 
 @needs_data
 def test_fit_is_deterministic_and_matches_shipped_profiles(tmp_path: Path) -> None:
-    from meshsched.perf.fit import fit_profiles
+    from meshsched.cli.fit import fit_profiles
 
     report = fit_profiles(DATA, tmp_path)
     assert "| v100 | resnet50 |" in report

@@ -14,7 +14,7 @@ import pytest
 from fakes import LinearPerf, launch
 
 from meshsched import events as ev
-from meshsched.actions import Launch, Preempt, ScheduleTimer
+from meshsched.actions import Preempt, ScheduleTimer
 from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
 from meshsched.policies.base import Evict, Start, Trigger

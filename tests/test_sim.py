@@ -25,7 +25,8 @@ import pytest
 from meshsched.perf import load_perf_model
 from meshsched.policies.registry import make_policy
 from meshsched.sim.loop import ClusterSpec, SimResult, simulate
-from meshsched.sim.metrics import JOB_COLUMNS, Summary, summarise, summary_dict, write_jobs_csv
+from meshsched.cli.simulate import write_jobs_csv
+from meshsched.sim.metrics import JOB_COLUMNS, Summary, summarise, summary_dict
 from meshsched.sim.traces import TraceOptions, load_trace
 from meshsched.state import JobSpec, JobState
 

@@ -4,13 +4,13 @@ Where the answer comes from, in order:
 1. the measured pair (profiles/colocation_<gpu>.json, Gavel, scale factor 1); a pair measured infeasible
    (out of memory) answers None;
 2. the XGBoost IR predictor trained on the measured pairs (`mesh profiles train-ir`, profiles/ir_model.json,
-   see interference_train.py), for pairs at batches or GPU types not measured;
+   see meshsched/cli/train_ir.py), for pairs at batches or GPU types not measured;
 3. DEFAULT_XI for both jobs: the documented conservative default when neither exists (2.0 = plain time
    slicing, each job gets half the GPU; with xi = 2 for both Theorem 1 never shares).
 
 The predictor's features are each job's solo profile plus the model-family identity of both jobs (see
 `pair_features`); a family outside KNOWN_FAMILIES (a user's own model, or the T4-only models) gets all-zero
-identity features, which the predictor is trained to handle (see interference_train.py). Predictions are cached per
+identity features, which the predictor is trained to handle (see meshsched/cli/train_ir.py). Predictions are cached per
 (models, batches, GPU type): a finite set, so a scheduling pass does not call XGBoost repeatedly.
 """
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshsched import events as ev
 from meshsched.engine import Engine
@@ -38,6 +38,26 @@ class ClusterSpec:
     @property
     def largest_node(self) -> int:
         return max(g.gpus_per_node for g in self.groups)
+
+    @classmethod
+    def parse(cls, text: str, gpus_per_node: int, memory_mb) -> ClusterSpec:
+        """`TYPE:NODES[xGPUS],...`, e.g. `v100:16,p100:16,k80:16` or `v100:4x8,k80:8x4`; the first group is the
+        reference type (trace durations become iterations at its speed). `memory_mb(type)` gives GPU memory."""
+        groups = []
+        for part in text.split(","):
+            gpu_type, sep, size = part.strip().partition(":")
+            nodes, x, per = size.partition("x")
+            try:
+                if not sep or not gpu_type:
+                    raise ValueError
+                n, g = int(nodes), int(per) if x else gpus_per_node
+            except ValueError:
+                raise ValueError(f"--cluster wants TYPE:NODES[xGPUS_PER_NODE],... (e.g. v100:16,p100:16,k80:16x4), "
+                                 f"got {part.strip()!r}") from None
+            groups.append(cls(n, g, gpu_type.strip().lower(), memory_mb(gpu_type.strip().lower())))
+        if len({g.gpu_type for g in groups}) != len(groups):
+            raise ValueError(f"--cluster {text!r}: give each GPU type once")
+        return replace(groups[0], extra=tuple(groups[1:]))
 
     def describe(self) -> str:
         return " + ".join(f"{g.nodes} x {g.gpus_per_node} {g.gpu_type}" for g in self.groups)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import csv
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -109,14 +107,6 @@ def job_row(job: Job) -> dict[str, object]:
         "deadline": "" if s.deadline is None else round(s.deadline, 3),
         "deadline_met": "" if s.deadline is None else int(finished and a.finish_time <= s.deadline + 1e-9),
     }
-
-
-def write_jobs_csv(result: SimResult, path: Path) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=JOB_COLUMNS)
-        w.writeheader()
-        for job in result.engine.state.jobs.values():
-            w.writerow(job_row(job))
 
 
 def summary_dict(s: Summary) -> dict[str, object]:
