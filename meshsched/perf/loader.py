@@ -75,3 +75,14 @@ def load_interference():
     from meshsched.perf.interference import Interference
 
     return Interference(load_perf_model(), ir_predictor_from(files("meshsched.profiles")))
+
+
+MEASURED_H100_FILE = "measured_h100.json"
+
+
+@cache
+def load_mps_share():
+    """The MPS-share model (perf/mps_share.py) fitted to the H100 MPS 100%/50% measurements in measured_h100.json."""
+    from meshsched.perf.mps_share import anchors_from_measurements, fit_mps_share
+
+    return fit_mps_share(*anchors_from_measurements(_read(files("meshsched.profiles") / MEASURED_H100_FILE)))
