@@ -1,7 +1,8 @@
 """Gimbal calibration (Algorithm 1) on synthetic packing sets: objective gained against no calibration, search
 steps, LGRR switches and their cost.
 
-    python benchmarks/gimbal_calibration.py [--sets 200] [--seed 1] [--source v100|h100|both] [--sm-scale] [--json]
+    python benchmarks/gimbal_calibration.py [--sets 200] [--seed 1] [--source v100|h100|both] [--sm-scale]
+                                           [--grid] [--noise 0.0] [--json]
 
 Packing sets: a J_max of 2, 4 or 8 GPUs on one node with 1-3 smaller partners tiling part of its GPUs
 (unequal packing, so some J_max ranks share and some do not), or an equal-size balanced pair (1 in 5 sets).
@@ -17,30 +18,44 @@ samples. Gain = (baseline - calibrated) / baseline of the objective (for deadlin
 over sets with a late job). Switch cost: Gimbal's 3.6 s per LGRR step; meshd has no context pool, so an
 LGRR switch there is a checkpoint-restart of the squeezed job: p + l from profiles/overheads.json, shown
 as `restart_cost_s` for the same switches. `--sm-scale` rescales the H100 curves to a V100 (132/80 SMs).
+`--noise F` multiplies every measured worker step by a log-normal factor of sigma F (run-to-run spread; the
+H100 runs vary by about 5%) while the search runs; gains are then scored without noise.
+`--grid` adds a reference for sets of at most 3 jobs: every per-job MPS share (10-100%, the same for all of
+a job's workers) with 3 LISS rounds each, best objective kept; Algorithm 1 can beat it (it sets per-worker
+shares), so it is a yardstick, not an optimum. The `pairs` table: each measured H100 pair on one GPU with
+1 h of work left each, under the JCT objective: the share Algorithm 1 leaves the squeezed job and the gain
+(Gimbal's Fig. 2-a finds such pairs best at about 60%).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshsched.perf import load_perf_model
 from meshsched.perf.itermodel import comm_time
 from meshsched.perf.loader import load_mps_share
 from meshsched.perf.mps_share import MpsShareModel, anchors_from_measurements
 from meshsched.policies.gimbal import (
+    MPS_MAX,
+    MPS_MIN,
+    MPS_STEP,
     OBJECTIVES,
     Calibration,
     JobCalibration,
     JobPerf,
     PackedJob,
     PackingSet,
+    Runtime,
     coordination_search,
+    liss,
     model_evaluator,
+    plan_between,
 )
 
 H100_SMS, V100_SMS = 132, 80
@@ -127,7 +142,32 @@ def draw_set(rng: random.Random, src: Source) -> list[tuple[Spec, tuple[int, ...
     return out
 
 
-def run_set(rng, src: Source, model: MpsShareModel, drawn, sm_ratio: float) -> dict:
+def grid_best(pset: PackingSet, start: Calibration, ev) -> dict[str, float]:
+    """Best objective over per-job MPS shares x 3 LISS rounds (the --grid yardstick)."""
+    best = {name: math.inf for name in OBJECTIVES}
+    levels = range(MPS_MIN, MPS_MAX + 1, MPS_STEP)
+    for shares in itertools.product(levels, repeat=len(pset.jobs)):
+        cal = Calibration(tuple(JobCalibration(jc.job, tuple(replace(s, mps_percent=p) for s in jc.settings))
+                                for jc, p in zip(start.jobs, shares)))
+        for _ in range(4):
+            rt = ev(cal)
+            for name, objective in OBJECTIVES.items():
+                best[name] = min(best[name], objective.value(pset, rt))
+            cal = cal.apply([p for j in pset.jobs for p in liss(j, cal, rt)])
+    return best
+
+
+def noisy(ev, rng: random.Random, sigma: float):
+    """`ev` with each worker's step time multiplied by exp(N(0, sigma)): what a real measurement window sees."""
+    if sigma <= 0:
+        return ev
+    return lambda cal: Runtime(
+        {w: t * math.exp(rng.gauss(0.0, sigma)) for w, t in ev(cal).worker_step_s.items()}, ev(cal).comm_s
+    )
+
+
+def run_set(rng, src: Source, model: MpsShareModel, drawn, sm_ratio: float, grid: bool = False,
+            noise: float = 0.0) -> dict:
     jobs, perf, names = [], {}, {}
     for i, (spec, idx) in enumerate(drawn):
         name = f"j{i}"
@@ -150,13 +190,15 @@ def run_set(rng, src: Source, model: MpsShareModel, drawn, sm_ratio: float) -> d
     ev = model_evaluator(pset, perf, xi, model)
     start = Calibration(tuple(JobCalibration.even(j.job, names[j.job].batch * j.world_size, j.world_size) for j in jobs))
     out = {"jobs": len(jobs), "j_max_gpus": pset.j_max.world_size}
+    reference = grid_best(pset, start, ev) if grid and len(jobs) <= 3 else None
     for name, objective in OBJECTIVES.items():
-        r = coordination_search(pset, start, ev, objective)
+        r = coordination_search(pset, start, noisy(ev, rng, noise), objective)
+        before, after = objective.value(pset, ev(r.initial)), objective.value(pset, ev(r.best))
         restarted = {p.worker.job for s in r.steps for p in s.primitives if p.via.value == "lgrr"}
         per_switch_restart = max((src.restart_s[names[j].model] for j in restarted), default=0.0)
         out[name] = {
-            "before": r.initial_objective,
-            "after": r.best_objective,
+            "before": before,
+            "after": after,
             "steps": len(r.steps),
             "exit": r.exit,
             "lgrr_switches": r.lgrr_switches,
@@ -165,6 +207,7 @@ def run_set(rng, src: Source, model: MpsShareModel, drawn, sm_ratio: float) -> d
             "search_s": r.search_s,
             "late_jobs_before": sum(_late(j, ev(r.initial)) for j in jobs) if name == "deadline" else None,
             "late_jobs_after": sum(_late(j, ev(r.best)) for j in jobs) if name == "deadline" else None,
+            "grid": None if reference is None else reference[name],
         }
     return out
 
@@ -186,6 +229,8 @@ def summarise(rows: list[dict]) -> dict:
             "gain_median_pct": 100 * statistics.median(gains) if gains else 0.0,
             "gain_p90_pct": 100 * _quantile(gains, 0.9) if gains else 0.0,
             "sets_improved": sum(g > 0 for g in gains),
+            "sets_worse": sum(g < 0 for g in gains),
+            "gain_min_pct": 100 * min(gains) if gains else 0.0,
             "steps_mean": statistics.fmean(r["steps"] for r in rs),
             "steps_max": max(r["steps"] for r in rs),
             "early_exit": sum(r["exit"] == "early-exit" for r in rs),
@@ -195,10 +240,46 @@ def summarise(rows: list[dict]) -> dict:
             "search_s_mean": statistics.fmean(r["search_s"] for r in rs),
             "gain_s_mean": statistics.fmean(r["before"] - r["after"] for r in rs),
         }
+        ref = [r for r in scored if r["grid"] is not None and r["before"] - r["grid"] > 1e-9]
+        if ref:
+            s["grid_sets"] = len(ref)
+            s["grid_gain_mean_pct"] = 100 * statistics.fmean((r["before"] - r["grid"]) / r["before"] for r in ref)
+            s["alg1_share_of_grid_gain_median"] = statistics.median(
+                (r["before"] - r["after"]) / (r["before"] - r["grid"]) for r in ref
+            )
         if name == "deadline":
             s["late_jobs_before"] = sum(r["late_jobs_before"] for r in rs)
             s["late_jobs_after"] = sum(r["late_jobs_after"] for r in rs)
         out[name] = s
+    return out
+
+
+def pairs_table(model: MpsShareModel) -> list[dict]:
+    """Each measured H100 pair on one GPU, 1 h of work left each, JCT objective."""
+    src = h100_source()
+    out = []
+    for (a, b), xi_a in sorted(src.xi.items()):
+        if a > b:
+            continue
+        jobs, perf = [], {}
+        for name, (m, batch) in (("a", a), ("b", b)):
+            alpha, beta, _ = src.solo[(m, batch, 1)]
+            curve = model.curve(m, batch)
+            jobs.append(PackedJob(name, (("node", 0),), 3600 / (alpha + beta * batch), curve.saturation))
+            perf[name] = JobPerf(alpha, beta, curve)
+        pset = PackingSet(tuple(jobs))
+        keys = {"a": a, "b": b}
+        ev = model_evaluator(pset, perf, lambda x, y: src.xi[(keys[x], keys[y])], model)
+        start = Calibration((JobCalibration.even("a", a[1], 1), JobCalibration.even("b", b[1], 1)))
+        r = coordination_search(pset, start, ev, OBJECTIVES["jct"])
+        squeezed = [p for p in plan_between(start, r.best) if p.via.value == "lgrr"]
+        out.append({
+            "pair": f"{a[0]} b{a[1]} + {b[0]} b{b[1]}",
+            "xi_at_100": [round(xi_a, 3), round(src.xi[(b, a)], 3)],
+            "squeezed": ", ".join(f"{keys[p.worker.job][0]} -> {p.to}%" for p in squeezed) or "none",
+            "jct_gain_pct": 100 * (r.initial_objective - r.best_objective) / r.initial_objective,
+            "steps": len(r.steps),
+        })
     return out
 
 
@@ -213,14 +294,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--source", choices=("v100", "h100", "both"), default="both")
     ap.add_argument("--sm-scale", action="store_true", help="rescale the H100 share curves to a V100's 80 SMs")
+    ap.add_argument("--grid", action="store_true", help="add the per-job MPS grid yardstick (slow: ~1 s per set)")
+    ap.add_argument("--noise", type=float, default=0.0, help="log-normal sigma on measured step times (default 0)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = ap.parse_args()
     if args.sets < 1:
         ap.error("--sets must be at least 1")
+    if not 0.0 <= args.noise < 1.0:
+        ap.error("--noise must be in [0, 1)")
     model = load_mps_share()
     sources = {"v100": v100_source, "h100": h100_source}
     picked = ("v100", "h100") if args.source == "both" else (args.source,)
-    report = {"kappa": model.kappa, "sm_scale": args.sm_scale, "sources": {}}
+    report = {"kappa": model.kappa, "sm_scale": args.sm_scale, "noise": args.noise, "seed": args.seed, "sources": {}}
     for name in picked:
         src = sources[name]()
         ratio = H100_SMS / V100_SMS if (args.sm_scale and name == "v100") else 1.0
@@ -229,29 +314,38 @@ def main() -> None:
         while len(rows) < args.sets:
             drawn = draw_set(rng, src)
             if drawn is not None:
-                rows.append(run_set(rng, src, model, drawn, ratio))
+                rows.append(run_set(rng, src, model, drawn, ratio, args.grid, args.noise))
         report["sources"][name] = {
             "summary": summarise(rows),
             "jobs_per_set_mean": statistics.fmean(r["jobs"] for r in rows),
         }
+    report["pairs"] = pairs_table(model)
     if args.json:
         print(json.dumps(report, indent=1))
         return
     print(f"kappa (residual interference when MPS partitions cannot overlap) = {model.kappa:.3f}; "
-          f"sm-scale {'on' if args.sm_scale else 'off'}; {args.sets} sets per source, seed {args.seed}")
-    head = ("source", "objective", "scored", "improved", "gain mean %", "median %", "p90 %", "steps mean/max",
+          f"sm-scale {'on' if args.sm_scale else 'off'}; noise {args.noise}; {args.sets} sets per source, seed {args.seed}")
+    head = ("source", "objective", "scored", "better/worse", "gain min %", "mean %", "median %", "p90 %", "steps mean/max",
             "early exit", "LGRR sw.", "switch s", "restart s", "gain s")
     print(" | ".join(head))
     for name, doc in report["sources"].items():
         for obj, s in doc["summary"].items():
             print(" | ".join((
-                name, obj, f"{s['sets_scored']}/{s['sets']}", str(s["sets_improved"]), f"{s['gain_mean_pct']:.1f}",
+                name, obj, f"{s['sets_scored']}/{s['sets']}", f"{s['sets_improved']}/{s['sets_worse']}",
+                f"{s['gain_min_pct']:.1f}", f"{s['gain_mean_pct']:.1f}",
                 f"{s['gain_median_pct']:.1f}", f"{s['gain_p90_pct']:.1f}", f"{s['steps_mean']:.1f}/{s['steps_max']}",
                 str(s["early_exit"]), f"{s['lgrr_switches_mean']:.1f}", f"{s['switch_cost_s_mean']:.1f}",
                 f"{s['restart_cost_s_mean']:.0f}", f"{s['gain_s_mean']:.0f}",
             )))
             if obj == "deadline":
                 print(f"{'':>6}   late jobs (all sets): {s['late_jobs_before']} uncalibrated -> {s['late_jobs_after']} calibrated")
+            if "grid_sets" in s:
+                print(f"{'':>6}   grid yardstick on {s['grid_sets']} sets: gain {s['grid_gain_mean_pct']:.1f}%; "
+                      f"Algorithm 1 reaches a median {s['alg1_share_of_grid_gain_median']:.2f} of it")
+    print()
+    print("H100 pairs on one GPU, 1 h left each, JCT: pair | xi at 100/100 | Algorithm 1 leaves | JCT gain % | steps")
+    for p in report["pairs"]:
+        print(f"{p['pair']} | {p['xi_at_100'][0]}/{p['xi_at_100'][1]} | {p['squeezed']} | {p['jct_gain_pct']:.1f} | {p['steps']}")
 
 
 if __name__ == "__main__":
