@@ -2,7 +2,7 @@
 steps, LGRR switches and their cost.
 
     python benchmarks/gimbal_calibration.py [--sets 200] [--seed 1] [--source v100|h100|both] [--sm-scale]
-                                           [--grid] [--noise 0.0] [--json]
+                                           [--grid] [--noise 0.0] [--min-gain 0.0] [--json]
 
 Packing sets: a J_max of 2, 4 or 8 GPUs on one node with 1-3 smaller partners tiling part of its GPUs
 (unequal packing, so some J_max ranks share and some do not), or an equal-size balanced pair (1 in 5 sets).
@@ -19,7 +19,8 @@ over sets with a late job). Switch cost: Gimbal's 3.6 s per LGRR step; meshd has
 LGRR switch there is a checkpoint-restart of the squeezed job: p + l from profiles/overheads.json, shown
 as `restart_cost_s` for the same switches. `--sm-scale` rescales the H100 curves to a V100 (132/80 SMs).
 `--noise F` multiplies every measured worker step by a log-normal factor of sigma F (run-to-run spread; the
-H100 runs vary by about 5%) while the search runs; gains are then scored without noise.
+H100 runs vary by about 5%) while the search runs; gains are then scored without noise. `--min-gain G`: a
+step counts as a gain only when it lowers the objective by more than G of it (the paper: any gain).
 `--grid` adds a reference for sets of at most 3 jobs: every per-job MPS share (10-100%, the same for all of
 a job's workers) with 3 LISS rounds each, best objective kept; Algorithm 1 can beat it (it sets per-worker
 shares), so it is a yardstick, not an optimum. The `pairs` table: each measured H100 pair on one GPU with
@@ -166,8 +167,8 @@ def noisy(ev, rng: random.Random, sigma: float):
     )
 
 
-def run_set(rng, src: Source, model: MpsShareModel, drawn, sm_ratio: float, grid: bool = False,
-            noise: float = 0.0) -> dict:
+def run_set(rng, noise_rng, src: Source, model: MpsShareModel, drawn, sm_ratio: float, grid: bool = False,
+            noise: float = 0.0, min_gain: float = 0.0) -> dict:
     jobs, perf, names = [], {}, {}
     for i, (spec, idx) in enumerate(drawn):
         name = f"j{i}"
@@ -192,7 +193,7 @@ def run_set(rng, src: Source, model: MpsShareModel, drawn, sm_ratio: float, grid
     out = {"jobs": len(jobs), "j_max_gpus": pset.j_max.world_size}
     reference = grid_best(pset, start, ev) if grid and len(jobs) <= 3 else None
     for name, objective in OBJECTIVES.items():
-        r = coordination_search(pset, start, noisy(ev, rng, noise), objective)
+        r = coordination_search(pset, start, noisy(ev, noise_rng, noise), objective, min_gain=min_gain)
         before, after = objective.value(pset, ev(r.initial)), objective.value(pset, ev(r.best))
         restarted = {p.worker.job for s in r.steps for p in s.primitives if p.via.value == "lgrr"}
         per_switch_restart = max((src.restart_s[names[j].model] for j in restarted), default=0.0)
@@ -296,25 +297,30 @@ def main() -> None:
     ap.add_argument("--sm-scale", action="store_true", help="rescale the H100 share curves to a V100's 80 SMs")
     ap.add_argument("--grid", action="store_true", help="add the per-job MPS grid yardstick (slow: ~1 s per set)")
     ap.add_argument("--noise", type=float, default=0.0, help="log-normal sigma on measured step times (default 0)")
+    ap.add_argument("--min-gain", type=float, default=0.0, help="relative gain a step must beat (default 0)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = ap.parse_args()
     if args.sets < 1:
         ap.error("--sets must be at least 1")
     if not 0.0 <= args.noise < 1.0:
         ap.error("--noise must be in [0, 1)")
+    if not 0.0 <= args.min_gain < 1.0:
+        ap.error("--min-gain must be in [0, 1)")
     model = load_mps_share()
     sources = {"v100": v100_source, "h100": h100_source}
     picked = ("v100", "h100") if args.source == "both" else (args.source,)
-    report = {"kappa": model.kappa, "sm_scale": args.sm_scale, "noise": args.noise, "seed": args.seed, "sources": {}}
+    report = {"kappa": model.kappa, "sm_scale": args.sm_scale, "noise": args.noise, "min_gain": args.min_gain,
+              "seed": args.seed, "sources": {}}
     for name in picked:
         src = sources[name]()
         ratio = H100_SMS / V100_SMS if (args.sm_scale and name == "v100") else 1.0
         rng = random.Random(args.seed)
+        noise_rng = random.Random(args.seed + 1)  # apart, so that the sets drawn do not depend on --noise
         rows = []
         while len(rows) < args.sets:
             drawn = draw_set(rng, src)
             if drawn is not None:
-                rows.append(run_set(rng, src, model, drawn, ratio, args.grid, args.noise))
+                rows.append(run_set(rng, noise_rng, src, model, drawn, ratio, args.grid, args.noise, args.min_gain))
         report["sources"][name] = {
             "summary": summarise(rows),
             "jobs_per_set_mean": statistics.fmean(r["jobs"] for r in rows),
@@ -324,7 +330,7 @@ def main() -> None:
         print(json.dumps(report, indent=1))
         return
     print(f"kappa (residual interference when MPS partitions cannot overlap) = {model.kappa:.3f}; "
-          f"sm-scale {'on' if args.sm_scale else 'off'}; noise {args.noise}; {args.sets} sets per source, seed {args.seed}")
+          f"sm-scale {'on' if args.sm_scale else 'off'}; noise {args.noise}; min-gain {args.min_gain}; {args.sets} sets per source, seed {args.seed}")
     head = ("source", "objective", "scored", "better/worse", "gain min %", "mean %", "median %", "p90 %", "steps mean/max",
             "early exit", "LGRR sw.", "switch s", "restart s", "gain s")
     print(" | ".join(head))

@@ -149,6 +149,17 @@ def test_failures_must_be_consecutive_and_the_best_is_kept():
     assert r.best_objective == pytest.approx(1000 * 0.08)
 
 
+def test_min_gain_keeps_noise_from_counting_as_a_gain():
+    pset = two_job_set()
+    times = [0.1, 0.0995, 0.099, 0.0985, 0.05]  # 0.5% steps (1.5% in all), then a real gain
+    plain = coordination_search(pset, start(pset), Scripted(pset, times), OBJECTIVES["jct"])
+    assert [s.improved for s in plain.steps][:3] == [True, True, True]
+    strict = coordination_search(pset, start(pset), Scripted(pset, times), OBJECTIVES["jct"], min_gain=0.02)
+    assert [s.improved for s in strict.steps] == [False, False, False] and strict.exit == "early-exit"
+    with pytest.raises(ValueError):
+        coordination_search(pset, start(pset), Scripted(pset, times), OBJECTIVES["jct"], min_gain=1.5)
+
+
 def test_jct_squeezes_the_high_utilisation_job_first_and_charges_lgrr_only():
     pset = two_job_set(big_util=0.9, small_util=0.3)
     r = coordination_search(pset, start(pset), Scripted(pset, [0.1]), OBJECTIVES["jct"])

@@ -430,9 +430,14 @@ def coordination_search(
     max_steps: int | None = None,
     lgrr_switch_s: float = LGRR_SWITCH_S,
     tolerance: float = STRAGGLER_TOLERANCE,
+    min_gain: float = 0.0,
 ) -> SearchResult:
     """Algorithm 1 over one packing set. `evaluate(calibration)` applies a calibration and returns the runtime
-    information collected under it (a measurement, or the share model in the simulator)."""
+    information collected under it (a measurement, or the share model in the simulator). A step counts as a
+    gain when it lowers the best objective by more than `min_gain` of it (0: any gain, as in the paper; set it
+    to the measurement noise so that noise is not taken for a gain)."""
+    if not 0.0 <= min_gain < 1.0:
+        raise ValueError(f"min_gain must be in [0, 1), got {min_gain}")
     limit = 10 * len(pset.jobs) if max_steps is None else max_steps
     runtime = evaluate(initial)
     j_max = pset.j_max
@@ -448,7 +453,7 @@ def coordination_search(
         current = current.apply(primitives)
         runtime = evaluate(current)
         value = objective.value(pset, runtime)
-        improved = value < best_obj - 1e-12 * max(1.0, abs(best_obj))
+        improved = value < best_obj - max(min_gain * abs(best_obj), 1e-12 * max(1.0, abs(best_obj)))
         if improved:
             best, best_obj = current, value
         switch = lgrr_switch_s if any(p.via is Mechanism.LGRR for p in primitives) else 0.0
