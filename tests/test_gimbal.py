@@ -147,6 +147,11 @@ def test_failures_must_be_consecutive_and_the_best_is_kept():
     assert r.best == ev.calls[3]  # the calibration of the third step
     assert r.initial.apply(r.plan) == r.best
     assert r.best_objective == pytest.approx(1000 * 0.08)
+    # every step squeezed the big job by 10% (no stragglers): it ends at 40%, the best was 70%, so going back
+    # costs a seventh switch
+    assert r.best.setting(WorkerId("big", 0)).mps_percent == 70 and r.lgrr_back
+    assert r.lgrr_switches == 7 and r.switch_cost_s == pytest.approx(7 * LGRR_SWITCH_S)
+    assert r.search_s == pytest.approx(r.switch_cost_s + sum(s.window_s for s in r.steps))
 
 
 def test_min_gain_keeps_noise_from_counting_as_a_gain():

@@ -401,7 +401,8 @@ class SearchResult:
     best_objective: float
     steps: tuple[SearchStep, ...]
     exit: str  # "early-exit" (MAX_FAILED failures), "exhausted" (no primitive left), "max-steps"
-    return_switch_s: float  # going back from the last tried calibration to the best
+    lgrr_back: bool  # going back from the last tried calibration to the best needs an LGRR switch
+    lgrr_switch_s: float
 
     @property
     def plan(self) -> tuple[Primitive, ...]:
@@ -409,7 +410,7 @@ class SearchResult:
 
     @property
     def switch_cost_s(self) -> float:
-        return sum(s.switch_s for s in self.steps) + self.return_switch_s
+        return sum(s.switch_s for s in self.steps) + (self.lgrr_switch_s if self.lgrr_back else 0.0)
 
     @property
     def search_s(self) -> float:
@@ -417,7 +418,7 @@ class SearchResult:
 
     @property
     def lgrr_switches(self) -> int:
-        return sum(s.switch_s > 0 for s in self.steps) + (self.return_switch_s > 0)
+        return sum(any(p.via is Mechanism.LGRR for p in s.primitives) for s in self.steps) + self.lgrr_back
 
 
 def coordination_search(
@@ -478,9 +479,7 @@ def coordination_search(
         for jc in current.jobs
         for a, b in zip(jc.settings, best.job(jc.job).settings)
     )
-    return SearchResult(
-        initial, best, initial_obj, best_obj, tuple(steps), exit_reason, lgrr_switch_s if back else 0.0
-    )
+    return SearchResult(initial, best, initial_obj, best_obj, tuple(steps), exit_reason, back, lgrr_switch_s)
 
 
 # -- the share model as an evaluator (simulator, benchmarks) ----------------------------------------------
