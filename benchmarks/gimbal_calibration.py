@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from meshsched.perf import load_perf_model
 from meshsched.perf.itermodel import comm_time
 from meshsched.perf.loader import load_mps_share
-from meshsched.perf.mps_share import MpsShareModel, anchors_from_measurements
+from meshsched.perf.mps_share import MpsShareModel
 from meshsched.policies.gimbal import (
     MPS_MAX,
     MPS_MIN,
@@ -103,9 +103,8 @@ def v100_source() -> Source:
 
 
 def h100_source() -> Source:
-    from importlib.resources import files
-
-    solo_a, pairs = anchors_from_measurements(json.loads((files("meshsched.profiles") / "measured_h100.json").read_text()))
+    model = load_mps_share()
+    solo_a, pairs = model.solo, model.pairs
     perf = load_perf_model()
     specs = tuple((a.model, a.batch) for a in solo_a)
     xi = {(p.self_key, p.other_key): max(1.0, p.xi_full) for p in pairs}
@@ -189,7 +188,9 @@ def run_set(rng, noise_rng, src: Source, model: MpsShareModel, drawn, sm_ratio: 
         return src.xi[((sa.model, sa.batch), (sb.model, sb.batch))]
 
     ev = model_evaluator(pset, perf, xi, model)
-    start = Calibration(tuple(JobCalibration.even(j.job, names[j.job].batch * j.world_size, j.world_size) for j in jobs))
+    start = Calibration(
+        tuple(JobCalibration.even(j.job, names[j.job].batch * j.world_size, j.world_size) for j in jobs)
+    )
     out = {"jobs": len(jobs), "j_max_gpus": pset.j_max.world_size}
     reference = grid_best(pset, start, ev) if grid and len(jobs) <= 3 else None
     for name, objective in OBJECTIVES.items():
@@ -328,11 +329,16 @@ def main() -> None:
     report["pairs"] = pairs_table(model)
     if args.json:
         print(json.dumps(report, indent=1))
-        return
-    print(f"kappa (residual interference when MPS partitions cannot overlap) = {model.kappa:.3f}; "
-          f"sm-scale {'on' if args.sm_scale else 'off'}; noise {args.noise}; min-gain {args.min_gain}; {args.sets} sets per source, seed {args.seed}")
-    head = ("source", "objective", "scored", "better/worse", "gain min %", "mean %", "median %", "p90 %", "steps mean/max",
-            "early exit", "LGRR sw.", "switch s", "restart s", "gain s")
+    else:
+        print_table(report, args)
+
+
+def print_table(report: dict, args: argparse.Namespace) -> None:
+    print(f"kappa (residual interference when MPS partitions cannot overlap) = {report['kappa']:.3f}; "
+          f"sm-scale {'on' if args.sm_scale else 'off'}; noise {args.noise}; min-gain {args.min_gain}; "
+          f"{args.sets} sets per source, seed {args.seed}")
+    head = ("source", "objective", "scored", "better/worse", "gain min %", "mean %", "median %", "p90 %",
+            "steps mean/max", "early exit", "LGRR sw.", "switch s", "restart s", "gain s")
     print(" | ".join(head))
     for name, doc in report["sources"].items():
         for obj, s in doc["summary"].items():
@@ -344,14 +350,16 @@ def main() -> None:
                 f"{s['restart_cost_s_mean']:.0f}", f"{s['gain_s_mean']:.0f}",
             )))
             if obj == "deadline":
-                print(f"{'':>6}   late jobs (all sets): {s['late_jobs_before']} uncalibrated -> {s['late_jobs_after']} calibrated")
+                print(f"{'':>6}   late jobs (all sets): {s['late_jobs_before']} uncalibrated -> "
+                      f"{s['late_jobs_after']} calibrated")
             if "grid_sets" in s:
                 print(f"{'':>6}   grid yardstick on {s['grid_sets']} sets: gain {s['grid_gain_mean_pct']:.1f}%; "
                       f"Algorithm 1 reaches a median {s['alg1_share_of_grid_gain_median']:.2f} of it")
     print()
     print("H100 pairs on one GPU, 1 h left each, JCT: pair | xi at 100/100 | Algorithm 1 leaves | JCT gain % | steps")
     for p in report["pairs"]:
-        print(f"{p['pair']} | {p['xi_at_100'][0]}/{p['xi_at_100'][1]} | {p['squeezed']} | {p['jct_gain_pct']:.1f} | {p['steps']}")
+        xi = f"{p['xi_at_100'][0]}/{p['xi_at_100'][1]}"
+        print(f"{p['pair']} | {xi} | {p['squeezed']} | {p['jct_gain_pct']:.1f} | {p['steps']}")
 
 
 if __name__ == "__main__":

@@ -3,15 +3,13 @@ the MPS-share model against the H100 measurements, and the straggler rule."""
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
-from importlib.resources import files
 
 import pytest
 
 from meshsched.perf.loader import load_mps_share
-from meshsched.perf.mps_share import Partner, ShareCurve, anchors_from_measurements, fit_mps_share, job_step_s
+from meshsched.perf.mps_share import Partner, ShareCurve, fit_mps_share, job_step_s
 from meshsched.policies.gimbal import (
     LGRR_SWITCH_S,
     MPS_MAX,
@@ -285,10 +283,6 @@ def test_search_that_keeps_improving_stops_at_the_lgrr_floor():
 # -- the MPS-share model ----------------------------------------------------------------------------------
 
 
-def h100_anchors():
-    return anchors_from_measurements(json.loads((files("meshsched.profiles") / "measured_h100.json").read_text()))
-
-
 def test_share_curve_is_monotone_concave_and_saturates():
     model = load_mps_share()
     grid = [s / 100 for s in range(10, 101, 10)]
@@ -302,8 +296,8 @@ def test_share_curve_is_monotone_concave_and_saturates():
 
 
 def test_share_model_reproduces_the_h100_points():
-    solo, pairs = h100_anchors()
     model = load_mps_share()
+    solo, pairs = model.solo, model.pairs
     assert len(solo) == 6
     for a in solo:  # alone at 50%: within 2% (exact except lm, measured 1% faster at 50% than at 100%)
         measured = a.step_full_s / a.step_half_s

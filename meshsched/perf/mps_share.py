@@ -103,11 +103,14 @@ class Partner:
 
 @dataclass(frozen=True, slots=True)
 class MpsShareModel:
-    """Solo curves per (model, batch) and the residual-interference fraction kappa, fitted from anchors."""
+    """Solo curves per (model, batch) and the residual-interference fraction kappa, with the anchors they
+    were fitted to."""
 
     curves: tuple[tuple[tuple[str, int], ShareCurve], ...]
     kappa: float
     default: ShareCurve
+    solo: tuple[SoloAnchor, ...] = ()
+    pairs: tuple[PairAnchor, ...] = ()
 
     def curve(self, model: str, batch: int) -> ShareCurve:
         """The measured curve; else the family's at the nearest batch (log2); else the median (`default`)."""
@@ -141,7 +144,7 @@ def job_step_s(worker_steps: Iterable[float], comm_s: float = 0.0) -> float:
 
 def fit_mps_share(solo: Iterable[SoloAnchor], pairs: Iterable[PairAnchor]) -> MpsShareModel:
     """Curves from the solo anchors; kappa = median of the pair sides above the noise (assumption 3)."""
-    solo = tuple(solo)
+    solo, pairs = tuple(solo), tuple(pairs)
     if not solo:
         raise ValueError("need at least one solo anchor")
     curves = {(a.model, a.batch): a.curve for a in solo}
@@ -154,7 +157,7 @@ def fit_mps_share(solo: Iterable[SoloAnchor], pairs: Iterable[PairAnchor]) -> Mp
     if not kappas:
         raise ValueError("no pair side above the noise to fit kappa")
     default = ShareCurve(statistics.median(c.saturation for c in curves.values()))
-    return MpsShareModel(tuple(sorted(curves.items())), statistics.median(kappas), default)
+    return MpsShareModel(tuple(sorted(curves.items())), statistics.median(kappas), default, solo, pairs)
 
 
 def _key(label: str) -> tuple[str, int]:
