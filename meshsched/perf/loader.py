@@ -82,3 +82,14 @@ def installed_handle(seed: int = 1):
     from meshsched.policies.stack import PolicyHandle
 
     return PolicyHandle(load_perf_model(), load_interference(), seed)
+
+
+MEASURED_H100_FILE = "measured_h100.json"
+
+
+@cache
+def load_mps_share():
+    """The MPS-share model (perf/mps_share.py) fitted to the H100 MPS 100%/50% measurements in measured_h100.json."""
+    from meshsched.perf.mps_share import anchors_from_measurements, fit_mps_share
+
+    return fit_mps_share(*anchors_from_measurements(_read(files("meshsched.profiles") / MEASURED_H100_FILE)))
