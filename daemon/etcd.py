@@ -36,7 +36,6 @@ from meshsched.daemon.coordinator import (
     StaleTerm,
     WatchCompacted,
     check_key,
-    check_timing,
 )
 
 LOG = logging.getLogger("meshd.coordinator")
@@ -160,7 +159,7 @@ class Gateway:
 
     async def _retrying(self, method: str, path: str, body: dict | None) -> dict:
         if self._session is None:
-            raise CoordinatorUnavailable(f"etcd at {self.endpoint}: the coordinator is closed")
+            raise CoordinatorUnavailable(f"etcd at {self.endpoint}: the coordinator is not started or closed")
         deadline = time.monotonic() + self.retry_timeout
         delay = 0.05
         while True:
@@ -192,7 +191,7 @@ class Gateway:
     async def stream(self, path: str, body: dict) -> AsyncIterator[dict]:
         """The messages of a streaming call (watch), until the stream ends; one attempt, no retry."""
         if self._session is None:
-            raise CoordinatorUnavailable(f"etcd at {self.endpoint}: the coordinator is closed")
+            raise CoordinatorUnavailable(f"etcd at {self.endpoint}: the coordinator is not started or closed")
         endpoint = self.endpoint
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.retry_timeout)
         try:
@@ -216,7 +215,7 @@ class EtcdCoordinator:
     """The Coordinator over etcd (see the module docstring for keys, leases and fencing)."""
 
     def __init__(self, config: CoordinatorConfig, name: str) -> None:
-        check_timing(config.ttl, config.loop_wait, config.retry_timeout)
+        config.validate()  # Patroni's timing rule among the rest: one clear line
         if not name or "/" in name:
             raise ValueError(f"bad node name {name!r}")
         self.name = name
@@ -268,7 +267,8 @@ class EtcdCoordinator:
                     await self.release_leadership()
                 await self._gateway.call("/v3/lease/revoke", {"ID": str(self._lease)})
             except CoordinatorError as exc:
-                LOG.warning("coordinator: could not hand back lease: %s", exc)
+                if LEASE_NOT_FOUND not in str(exc):
+                    LOG.warning("coordinator: could not hand back lease: %s", exc)
         self._term = None
         self._lease = None
         self._notify_leader_change()
@@ -284,7 +284,7 @@ class EtcdCoordinator:
                 self._lease = int(data["ID"])
                 self._lease_until = sent + int(data.get("TTL", self.config.ttl))
                 if self._member is not None:
-                    await self._put_member(self._member)
+                    await self._put_member(self._member, self._lease)
             return self._lease
 
     async def _keepalive(self) -> None:
@@ -296,11 +296,12 @@ class EtcdCoordinator:
         if ttl > 0:
             self._lease_until = sent + ttl
             return
-        LOG.warning("coordinator: lease %x expired%s", lease, "; leadership lost" if self._term else "")
-        if self._term is not None:
-            self._term = None
-            self._notify_leader_change()
-        self._lease = None
+        if self._lease == lease:  # not already replaced by a concurrent caller
+            LOG.warning("coordinator: lease %x expired%s", lease, "; leadership lost" if self._term else "")
+            if self._term is not None:
+                self._term = None
+                self._notify_leader_change()
+            self._lease = None
         await self._ensure_lease()
 
     async def _keepalive_loop(self) -> None:
@@ -445,12 +446,11 @@ class EtcdCoordinator:
         if member.name != self.name:
             raise ValueError(f"this coordinator is {self.name!r}; cannot register {member.name!r}")
         self._member = member
-        await self._ensure_lease()
-        await self._put_member(member)
+        await self._put_member(member, await self._ensure_lease())
 
-    async def _put_member(self, member: Member) -> None:
+    async def _put_member(self, member: Member, lease: int) -> None:
         await self._gateway.call("/v3/kv/put", {"key": _b64(self._members_prefix + member.name),
-                                                "value": _b64(member.to_json()), "lease": str(self._lease)})
+                                                "value": _b64(member.to_json()), "lease": str(lease)})
 
     async def members(self) -> list[Member]:
         data = await self._gateway.call("/v3/kv/range", {"key": _b64(self._members_prefix),
@@ -506,6 +506,8 @@ class EtcdCoordinator:
     async def watch(self, prefix: str = "", since: int | None = None) -> AsyncIterator[Change]:
         """Changes of records under `prefix` after revision `since` (default: from now). Survives etcd
         outages (reconnects every loop_wait and resumes where it stopped); ends when the coordinator closes."""
+        if not self._tasks and not self._closed:
+            raise CoordinatorError(f"etcd at {self._gateway.endpoint}: watch before start()")
         full = self._records_prefix + prefix
         skip = len(self._records_prefix)
         following = None if since is None else since + 1
