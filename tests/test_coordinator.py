@@ -478,7 +478,13 @@ async def test_etcd_down_then_back(own_etcd, prefix, coordinators):
         await a.put("jobs/2", "during")
     assert str(err.value) == f"etcd at {own_etcd.url} does not answer: connection refused (tried for 1 s)"
 
+    late = EtcdCoordinator(config(own_etcd.url, prefix), "late")
+    with pytest.raises(CoordinatorUnavailable):  # a node starting while etcd is down hears one line ...
+        await late.start()
+
     own_etcd.start()  # same ports, same data
+    await late.start()  # ... and may start again once it is back
+    await late.close()
     await b.put("jobs/3", "after")  # most likely before a's watch is back: it must resume, not restart at "now"
     deadline = time.monotonic() + 20
     while not any([await a.acquire_leadership(), await b.acquire_leadership()]):
