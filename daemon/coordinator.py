@@ -257,7 +257,8 @@ class LocalCoordinator:
     async def wait_leader_change(self, timeout: float) -> bool:
         event = self._wakeup
         try:
-            await asyncio.wait_for(event.wait(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancellation
+                await event.wait()
         except TimeoutError:
             return False
         return not self._closed

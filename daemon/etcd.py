@@ -412,7 +412,8 @@ class EtcdCoordinator:
         """Wait until the leader key changes (or this node's leadership is lost) or timeout; True if it did."""
         event = self._leader_changed
         try:
-            await asyncio.wait_for(event.wait(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancellation
+                await event.wait()
         except TimeoutError:
             return False
         return True

@@ -579,3 +579,16 @@ async def test_endpoint_that_is_not_etcd(not_etcd):
         with pytest.raises(NotEtcd, match=re.escape(message)) as err:
             await Gateway((base,), RETRY).open()
         assert "\n" not in str(err.value)
+
+
+async def test_wait_leader_change_can_be_cancelled_as_the_change_lands():
+    """A follower loop cancelled just as the leader key changes must stop, not go on to acquire leadership
+    (asyncio.wait_for on Python 3.11 can swallow that cancellation)."""
+    coord = LocalCoordinator("n1")
+    for _ in range(20):
+        waiter = asyncio.ensure_future(coord.wait_leader_change(10))
+        await asyncio.sleep(0)
+        await coord.acquire_leadership() if coord.term is None else await coord.release_leadership()
+        waiter.cancel()  # the wait is woken up and cancelled in the same turn of the loop
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
