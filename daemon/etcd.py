@@ -121,6 +121,7 @@ class Gateway:
         self.version = ""
         self._current = 0
         self._session: aiohttp.ClientSession | None = None
+        self._streams: set[aiohttp.ClientResponse] = set()  # open watches: closing the session leaves them
 
     @property
     def endpoint(self) -> str:
@@ -148,6 +149,8 @@ class Gateway:
 
     async def close(self) -> None:
         session, self._session = self._session, None
+        for resp in list(self._streams):
+            resp.close()
         if session is not None:
             await session.close()
 
@@ -194,8 +197,10 @@ class Gateway:
             raise CoordinatorUnavailable(f"etcd at {self.endpoint}: the coordinator is not started or closed")
         endpoint = self.endpoint
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.retry_timeout)
+        resp = None
         try:
             async with self._session.post(endpoint + path, json=body, timeout=timeout) as resp:
+                self._streams.add(resp)
                 if resp.status != 200:
                     _parse(endpoint, path, resp.status, resp.content_type, await resp.read())
                     raise NotEtcd(f"{endpoint} is not etcd: {path} answered HTTP {resp.status}")
@@ -209,6 +214,9 @@ class Gateway:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             self._current = (self._current + 1) % len(self.endpoints)
             raise CoordinatorUnavailable(f"etcd at {endpoint}: {path} stream broke: {_reason(exc)}") from None
+        finally:
+            if resp is not None:
+                self._streams.discard(resp)
 
 
 class EtcdCoordinator:

@@ -592,3 +592,20 @@ async def test_wait_leader_change_can_be_cancelled_as_the_change_lands():
         waiter.cancel()  # the wait is woken up and cancelled in the same turn of the loop
         with pytest.raises(asyncio.CancelledError):
             await waiter
+
+
+async def test_close_ends_watches(backend):
+    seen = []
+
+    async def consume():
+        async for change in backend.watch():
+            seen.append(change.key)
+
+    consumer = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.3)
+    await backend.put("jobs/1", "x")
+    while not seen:
+        await asyncio.sleep(0.05)
+    await backend.close()
+    await asyncio.wait_for(consumer, 5)  # ends quietly: no error, no hang
+    assert seen == ["jobs/1"]
