@@ -115,9 +115,10 @@ class Gateway:
     """HTTP/JSON calls to etcd's gateway: one ClientSession, a timeout on every call, endpoint failover and
     retries bounded by retry_timeout."""
 
-    def __init__(self, endpoints: tuple[str, ...], retry_timeout: float) -> None:
+    def __init__(self, endpoints: tuple[str, ...], retry_timeout: float, idle: float) -> None:
         self.endpoints = tuple(e.rstrip("/") for e in endpoints)
         self.retry_timeout = retry_timeout
+        self.idle = idle  # a stream silent this long is ended (and re-opened by its owner): no half-open hangs
         self.version = ""
         self._current = 0
         self._session: aiohttp.ClientSession | None = None
@@ -166,11 +167,13 @@ class Gateway:
         deadline = time.monotonic() + self.retry_timeout
         delay = 0.05
         while True:
-            endpoint = self.endpoint
+            session, endpoint = self._session, self.endpoint
+            if session is None:
+                raise CoordinatorUnavailable(f"etcd at {endpoint}: the coordinator is closed")
             remaining = deadline - time.monotonic()
-            attempt = max(remaining / min(len(self.endpoints), 2), 0.05)
+            attempt = max(min(remaining, self.retry_timeout / 2), 0.05)  # a dead pooled connection costs half
             try:
-                async with self._session.request(method, endpoint + path, json=body,
+                async with session.request(method, endpoint + path, json=body,
                                                  timeout=aiohttp.ClientTimeout(total=attempt)) as resp:
                     raw = await resp.read()
                     return _parse(endpoint, path, resp.status, resp.content_type, raw)
@@ -180,8 +183,6 @@ class Gateway:
                 reason = str(exc)
                 self._current = (self._current + 1) % len(self.endpoints)
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                if self._session is None:
-                    raise CoordinatorUnavailable(f"etcd at {endpoint}: the coordinator is closed") from None
                 reason = _reason(exc)
                 self._current = (self._current + 1) % len(self.endpoints)
             if time.monotonic() + delay >= deadline:
@@ -192,11 +193,12 @@ class Gateway:
             delay = min(delay * 2, 1.0)
 
     async def stream(self, path: str, body: dict) -> AsyncIterator[dict]:
-        """The messages of a streaming call (watch), until the stream ends; one attempt, no retry."""
+        """The messages of a streaming call (watch) until the stream ends or stays silent for `idle` seconds;
+        one attempt, no retry: CoordinatorUnavailable when it cannot be opened or breaks."""
         if self._session is None:
             raise CoordinatorUnavailable(f"etcd at {self.endpoint}: the coordinator is not started or closed")
         endpoint = self.endpoint
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.retry_timeout)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.retry_timeout, sock_read=self.idle)
         resp = None
         try:
             async with self._session.post(endpoint + path, json=body, timeout=timeout) as resp:
@@ -205,7 +207,12 @@ class Gateway:
                     _parse(endpoint, path, resp.status, resp.content_type, await resp.read())
                     raise NotEtcd(f"{endpoint} is not etcd: {path} answered HTTP {resp.status}")
                 buffer = b""
-                async for chunk in resp.content.iter_any():
+                chunks = resp.content.iter_any()
+                while True:
+                    try:
+                        chunk = await anext(chunks)
+                    except (StopAsyncIteration, TimeoutError):  # ended, or silent for `idle` seconds
+                        return
                     buffer += chunk
                     *lines, buffer = buffer.split(b"\n")
                     for line in lines:
@@ -228,7 +235,7 @@ class EtcdCoordinator:
             raise ValueError(f"bad node name {name!r}")
         self.name = name
         self.config = config
-        self._gateway = Gateway(config.endpoints, config.retry_timeout)
+        self._gateway = Gateway(config.endpoints, config.retry_timeout, idle=config.ttl)
         self._leader_key = f"{config.prefix}/leader"
         self._members_prefix = f"{config.prefix}/members/"
         self._records_prefix = f"{config.prefix}/records/"
@@ -238,6 +245,7 @@ class EtcdCoordinator:
         self._term: int | None = None
         self._member: Member | None = None
         self._leader_changed = asyncio.Event()
+        self._leader_state: tuple[int, int] | None = None  # (create revision, lease) of the leader key seen
         self._tasks: list[asyncio.Task] = []
         self._closed = False
         self._outage = False  # logged once per outage
@@ -431,22 +439,29 @@ class EtcdCoordinator:
         while True:
             try:
                 data = await self._gateway.call("/v3/kv/range", {"key": key})
-                self._notify_leader_change()  # state may have changed while we were not watching
+                kvs = data.get("kvs", [])
+                self._saw_leader_key(kvs[0] if kvs else None)  # it may have changed while nobody watched
                 start = int(data["header"]["revision"]) + 1
                 async for message in self._gateway.stream("/v3/watch", {
                         "create_request": {"key": key, "start_revision": str(start)}}):
                     for event in message.get("result", {}).get("events", []):
-                        kv = event["kv"]
-                        mine = event.get("type") != "DELETE" and int(kv.get("lease", 0)) == self._lease
-                        if self._term is not None and not mine:
-                            LOG.warning("coordinator: leadership of term %d lost (leader key changed)", self._term)
-                            self._term = None
-                        self._notify_leader_change()
+                        self._saw_leader_key(None if event.get("type") == "DELETE" else event["kv"])
+                continue  # the stream went quiet for `ttl` seconds: open it again at once
             except CoordinatorError as exc:
                 LOG.debug("coordinator: leader watch: %s", exc)
             except Exception as exc:  # noqa: BLE001 - the watch outlives any one failure
                 LOG.warning("coordinator: leader watch: %r", exc)
             await asyncio.sleep(self.config.loop_wait)
+
+    def _saw_leader_key(self, kv: dict | None) -> None:
+        state = (int(kv["create_revision"]), int(kv.get("lease", 0))) if kv else None
+        if state == self._leader_state:
+            return
+        self._leader_state = state
+        if self._term is not None and state != (self._term, self._lease):
+            LOG.warning("coordinator: leadership of term %d lost (leader key changed)", self._term)
+            self._term = None
+        self._notify_leader_change()
 
     # ---------------------------------------------------------------- members
 
@@ -539,6 +554,7 @@ class EtcdCoordinator:
                                         None if deleted else _unb64(kv.get("value", "")), int(kv["mod_revision"]))
                         following = change.revision + 1
                         yield change
+                continue  # the stream went quiet for `ttl` seconds: open it again at once, from `following`
             except CoordinatorUnavailable as exc:
                 if not self._closed:
                     LOG.debug("coordinator: watch %s: %s", full, exc)

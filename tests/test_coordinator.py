@@ -144,13 +144,19 @@ async def coordinators():
 
 
 class TcpProxy:
-    """A loopback TCP relay to cut one node off etcd while the others still reach it."""
+    """A loopback TCP relay to cut one node off etcd while the others still reach it, or to freeze its open
+    connections (half-open, as behind a dead NAT entry) while new ones still pass."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.port = free_port()
         self.server: asyncio.Server | None = None
         self.writers: set[asyncio.StreamWriter] = set()
+        self.frozen: set[asyncio.StreamWriter] = set()
+        self.hangs: set[asyncio.Future] = set()
+
+    def freeze(self) -> None:
+        self.frozen |= self.writers
 
     @property
     def url(self) -> str:
@@ -163,6 +169,8 @@ class TcpProxy:
         self.server.close()
         for w in list(self.writers):
             w.transport.abort()
+        for hang in self.hangs:
+            hang.cancel()
         await self.server.wait_closed()
 
     async def _relay(self, reader, writer) -> None:
@@ -176,6 +184,10 @@ class TcpProxy:
         async def pipe(src, dst):
             try:
                 while data := await src.read(65536):
+                    if dst in self.frozen or writer in self.frozen:
+                        hang = asyncio.get_running_loop().create_future()
+                        self.hangs.add(hang)
+                        await hang
                     dst.write(data)
                     await dst.drain()
             except OSError:
@@ -183,7 +195,10 @@ class TcpProxy:
             finally:
                 dst.transport.abort()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        try:
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        except asyncio.CancelledError:
+            pass
         self.writers -= {writer, up_writer}
 
 
@@ -577,7 +592,7 @@ async def test_endpoint_that_is_not_etcd(not_etcd):
     for base, message in ((f"{not_etcd}/html", "answered HTTP 200 text/html"),
                           (f"{not_etcd}/json", "answered JSON without 'etcdserver'")):
         with pytest.raises(NotEtcd, match=re.escape(message)) as err:
-            await Gateway((base,), RETRY).open()
+            await Gateway((base,), RETRY, idle=TTL).open()
         assert "\n" not in str(err.value)
 
 
@@ -609,3 +624,36 @@ async def test_close_ends_watches(backend):
     await backend.close()
     await asyncio.wait_for(consumer, 5)  # ends quietly: no error, no hang
     assert seen == ["jobs/1"]
+
+
+@needs_etcd
+@pytest.mark.slow
+async def test_watch_through_a_half_open_connection_reopens(etcd, prefix, coordinators):
+    """A watch whose connection silently stops (no FIN, no RST) is re-opened after ttl of silence, from
+    where it stopped: nothing is lost and nothing hangs."""
+    proxy = TcpProxy(etcd.client_port)
+    await proxy.heal()
+    reader = await coordinators(proxy.url, prefix, "reader")
+    writer = await coordinators(etcd.url, prefix, "writer")
+    seen = []
+
+    async def consume():
+        async for change in reader.watch("jobs/"):
+            seen.append(change.key)
+
+    consumer = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.3)
+    await writer.put("jobs/1", "x")
+    while not seen:
+        await asyncio.sleep(0.05)
+    proxy.freeze()  # every connection open now goes silent, the watch's among them
+    await writer.put("jobs/2", "x")
+    await writer.put("jobs/3", "x")
+    deadline = time.monotonic() + TTL + 5
+    while len(seen) < 3:
+        assert time.monotonic() < deadline, f"the watch hung on its dead connection: {seen}"
+        await asyncio.sleep(0.1)
+    assert seen == ["jobs/1", "jobs/2", "jobs/3"]
+    assert await reader.get("jobs/3") == "x"  # calls get past the frozen pooled connections too
+    consumer.cancel()
+    await proxy.cut()
