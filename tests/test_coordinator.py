@@ -34,8 +34,8 @@ from meshsched.daemon.coordinator import (
 from meshsched.daemon.etcd import EtcdCoordinator, NotEtcd
 
 ETCD = shutil.which("etcd")
-needs_etcd = pytest.mark.skipif(
-    ETCD is None, reason="etcd is not installed: `apt-get install etcd-server` (Debian/Ubuntu; .ci/run does it)")
+NO_ETCD = "etcd is not installed: `apt-get install etcd-server` (Debian/Ubuntu; .ci/run does it)"
+needs_etcd = pytest.mark.skipif(ETCD is None, reason=NO_ETCD)
 TTL, LOOP_WAIT, RETRY = 3, 1.0, 1.0
 
 
@@ -102,7 +102,7 @@ def start_etcd(root: Path) -> EtcdServer:
 @pytest.fixture(scope="module")
 def etcd(tmp_path_factory):
     if ETCD is None:
-        pytest.skip("etcd is not installed: `apt-get install etcd-server` (Debian/Ubuntu; .ci/run does it)")
+        pytest.skip(NO_ETCD)
     server = start_etcd(tmp_path_factory.mktemp("etcd"))
     yield server
     server.stop()
@@ -111,7 +111,7 @@ def etcd(tmp_path_factory):
 @pytest.fixture
 def own_etcd(tmp_path):
     if ETCD is None:
-        pytest.skip("etcd is not installed: `apt-get install etcd-server` (Debian/Ubuntu; .ci/run does it)")
+        pytest.skip(NO_ETCD)
     server = start_etcd(tmp_path)
     yield server
     server.stop()
@@ -572,9 +572,8 @@ async def not_etcd():
     app.router.add_route("*", "/{tail:.*}", handler)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
     yield f"http://127.0.0.1:{port}"
     await runner.cleanup()
 
