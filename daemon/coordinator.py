@@ -158,9 +158,10 @@ class Listing:
 
 
 class Coordinator(Protocol):
-    """What meshd needs from the mesh's store. Leadership calls never raise when the store is away (they
-    answer None: local-first); record calls raise CoordinatorUnavailable so the caller can keep the write
-    in its local journal and hand it over later."""
+    """What meshd needs from the mesh's store. acquire/renew/release_leadership never raise because the
+    store is away (they answer None, or the term while it is surely still held: local-first); leader(),
+    is_current() and the record calls raise CoordinatorUnavailable, so the caller can keep a write in its
+    local journal and hand it over later."""
 
     name: str
 

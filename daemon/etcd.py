@@ -278,9 +278,7 @@ class EtcdCoordinator:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         if release and self._lease is not None:
-            try:
-                if self._term is not None:
-                    await self.release_leadership()
+            try:  # the leader key and the member entry hang on the lease: revoking it deletes both
                 await self._gateway.call("/v3/lease/revoke", {"ID": str(self._lease)})
             except CoordinatorError as exc:
                 if LEASE_NOT_FOUND not in str(exc):
@@ -397,14 +395,24 @@ class EtcdCoordinator:
         return self.term
 
     async def release_leadership(self) -> None:
-        term, self._term = self._term, None
+        """Delete the leader key if it is still this term's. If etcd does not answer, give up the lease
+        instead (a new one is taken for the member entry): the key then expires within ttl, as it must,
+        rather than live on under a lease the keepalive would renew."""
+        term, lease, self._term = self._term, self._lease, None
         if term is None:
             return
+        self._notify_leader_change()
         key = _b64(self._leader_key)
-        await self._gateway.call("/v3/kv/txn", {
-            "compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": str(term)}],
-            "success": [{"request_delete_range": {"key": key}}],
-        })
+        try:
+            await self._gateway.call("/v3/kv/txn", {
+                "compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": str(term)}],
+                "success": [{"request_delete_range": {"key": key}}],
+            })
+        except CoordinatorError as exc:
+            LOG.warning("coordinator: could not delete the leader key (%s); giving up lease %x", exc, lease)
+            async with self._lease_lock:
+                if self._lease == lease:
+                    self._lease = None
 
     async def _leader_kv(self) -> dict | None:
         data = await self._gateway.call("/v3/kv/range", {"key": _b64(self._leader_key)})

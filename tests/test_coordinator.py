@@ -656,3 +656,31 @@ async def test_watch_through_a_half_open_connection_reopens(etcd, prefix, coordi
     assert await reader.get("jobs/3") == "x"  # calls get past the frozen pooled connections too
     consumer.cancel()
     await proxy.cut()
+
+
+@needs_etcd
+@pytest.mark.slow
+async def test_release_while_cut_off_still_frees_leadership(etcd, prefix, coordinators):
+    """A leader that steps down while etcd does not answer must not leave its key behind under a lease
+    its keepalive goes on renewing once etcd answers again: nobody else could ever lead."""
+    proxy = TcpProxy(etcd.client_port)
+    await proxy.heal()
+    a = await coordinators(proxy.url, prefix, "a")
+    b = await coordinators(etcd.url, prefix, "b")
+    await a.register(Member("a", "a:7070", ()))
+    term = await a.acquire_leadership()
+    assert term is not None
+    await proxy.cut()
+    await a.release_leadership()  # does not raise; etcd did not hear it
+    assert a.term is None
+    await proxy.heal()
+    released_at = time.monotonic()
+    while await b.acquire_leadership() is None:
+        assert time.monotonic() - released_at < TTL + LOOP_WAIT + 3, "a's key outlived its release"
+        await b.wait_leader_change(LOOP_WAIT)
+    assert b.term > term
+    deadline = time.monotonic() + LOOP_WAIT + RETRY + 2
+    while "a" not in [m.name for m in await b.members()]:  # a stays a member, under a new lease
+        assert time.monotonic() < deadline, "a did not register again"
+        await asyncio.sleep(0.1)
+    await proxy.cut()
