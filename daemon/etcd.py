@@ -244,6 +244,7 @@ class EtcdCoordinator:
         self._lease_lock = asyncio.Lock()
         self._term: int | None = None
         self._member: Member | None = None
+        self._member_lease: int | None = None  # the lease the member entry was last put under
         self._leader_changed = asyncio.Event()
         self._leader_state: tuple[int, int] | None = None  # (create revision, lease) of the leader key seen
         self._tasks: list[asyncio.Task] = []
@@ -297,18 +298,19 @@ class EtcdCoordinator:
                 data = await self._gateway.call("/v3/lease/grant", {"TTL": str(self.config.ttl)})
                 self._lease = int(data["ID"])
                 self._lease_until = sent + int(data.get("TTL", self.config.ttl))
-                if self._member is not None:
-                    await self._put_member(self._member, self._lease)
             return self._lease
 
     async def _keepalive(self) -> None:
-        """Renew the lease now; a lease etcd no longer knows means leadership is gone: take a new one."""
+        """Renew the lease now (a lease etcd no longer knows means leadership is gone: take a new one), and
+        make sure the member entry hangs on the lease we hold."""
         lease = await self._ensure_lease()
         sent = time.monotonic()
         data = await self._gateway.call("/v3/lease/keepalive", {"ID": str(lease)})
         ttl = int(data.get("result", {}).get("TTL", 0))
         if ttl > 0:
-            self._lease_until = sent + ttl
+            if self._lease == lease:
+                self._lease_until = sent + ttl
+            await self._ensure_member()
             return
         if self._lease == lease:  # not already replaced by a concurrent caller
             LOG.warning("coordinator: lease %x expired%s", lease, "; leadership lost" if self._term else "")
@@ -317,6 +319,7 @@ class EtcdCoordinator:
                 self._notify_leader_change()
             self._lease = None
         await self._ensure_lease()
+        await self._ensure_member()
 
     async def _keepalive_loop(self) -> None:
         while True:
@@ -477,12 +480,17 @@ class EtcdCoordinator:
         """Publish this node under its lease; re-published whenever a new lease is taken."""
         if member.name != self.name:
             raise ValueError(f"this coordinator is {self.name!r}; cannot register {member.name!r}")
-        self._member = member
-        await self._put_member(member, await self._ensure_lease())
+        self._member, self._member_lease = member, None
+        await self._ensure_lease()
+        await self._ensure_member()
 
-    async def _put_member(self, member: Member, lease: int) -> None:
-        await self._gateway.call("/v3/kv/put", {"key": _b64(self._members_prefix + member.name),
-                                                "value": _b64(member.to_json()), "lease": str(lease)})
+    async def _ensure_member(self) -> None:
+        lease = self._lease
+        if self._member is None or lease is None or self._member_lease == lease:
+            return
+        await self._gateway.call("/v3/kv/put", {"key": _b64(self._members_prefix + self._member.name),
+                                                "value": _b64(self._member.to_json()), "lease": str(lease)})
+        self._member_lease = lease
 
     async def members(self) -> list[Member]:
         data = await self._gateway.call("/v3/kv/range", {"key": _b64(self._members_prefix),
