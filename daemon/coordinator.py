@@ -1,0 +1,347 @@
+"""The coordinator seam: leadership, membership and the mesh's shared records (Patroni's DCS, for meshd).
+
+`Coordinator` is the Protocol meshd talks to. `LocalCoordinator` is the embedded default (one server, its
+own leader, records in memory); `meshsched.daemon.etcd.EtcdCoordinator` is the many-server backend.
+`open_coordinator` picks one by `CoordinatorConfig.backend`. A leadership has a term, an int that only grows
+(the leader key's create revision in etcd); a write or command carrying a term older than the current
+leader's is refused (fencing). Record keys are relative paths such as `jobs/42` or `decisions/7`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from meshsched.daemon.config import ConfigError
+
+LOG = logging.getLogger("meshd.coordinator")
+
+
+class CoordinatorError(Exception):
+    """A coordinator operation failed; the message is one line and names the endpoint when there is one."""
+
+
+class CoordinatorUnavailable(CoordinatorError):
+    """The coordinator's store did not answer within retry_timeout."""
+
+
+class StaleTerm(CoordinatorError):
+    """A write or command carried a term older than the current leader's (fencing)."""
+
+
+class WatchCompacted(CoordinatorError):
+    """A watch asked for changes the store no longer keeps: list again and watch from the listing."""
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    """The `[coordinator]` keys of meshd's configuration (docs/coordinator.md)."""
+
+    backend: str = "local"  # local | etcd
+    endpoints: tuple[str, ...] = ("http://127.0.0.1:2379",)
+    ttl: int = 30  # seconds a leader key / member entry outlives its last keepalive
+    loop_wait: float = 10.0  # seconds between keepalives (and between leader-loop rounds)
+    retry_timeout: float = 10.0  # seconds one store operation may retry before it gives up
+    prefix: str = "/meshsched"  # every key of this mesh lives under it
+
+    def validate(self) -> CoordinatorConfig:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"coordinator.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        check_timing(self.ttl, self.loop_wait, self.retry_timeout)
+        if not self.endpoints:
+            raise ConfigError("coordinator.endpoints is empty")
+        for url in self.endpoints:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+                raise ConfigError(f"coordinator.endpoints: {url!r} is not http(s)://HOST:PORT")
+        if not self.prefix.startswith("/") or self.prefix.endswith("/") or "//" in self.prefix:
+            raise ConfigError(f"coordinator.prefix must look like /name, got {self.prefix!r}")
+        return self
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], source: str) -> CoordinatorConfig:
+        """Parse a `[coordinator]` table (TOML or environment strings); errors name the source and key."""
+        cfg = cls()
+        known = {f for f in cls.__dataclass_fields__}
+        parsed: dict[str, Any] = {}
+        for key, value in values.items():
+            if key not in known:
+                raise ConfigError(f"{source}: unknown coordinator key {key!r}; known: {', '.join(sorted(known))}")
+            try:
+                if key == "endpoints":
+                    items = value.split(",") if isinstance(value, str) else list(value)
+                    parsed[key] = tuple(str(u).strip().rstrip("/") for u in items if str(u).strip())
+                elif key == "ttl":
+                    if isinstance(value, bool) or float(value) != int(float(value)):
+                        raise ValueError
+                    parsed[key] = int(float(value))
+                elif key in ("loop_wait", "retry_timeout"):
+                    if isinstance(value, bool):
+                        raise ValueError
+                    parsed[key] = float(value)
+                else:
+                    parsed[key] = str(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{source}: coordinator.{key} has a bad value {value!r}") from None
+        try:
+            return replace(cfg, **parsed).validate()
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+
+
+def check_timing(ttl: float, loop_wait: float, retry_timeout: float) -> None:
+    """Patroni's rule: a leader that keeps alive every loop_wait, each try retried for retry_timeout, must
+    renew its lease before it expires even when one keepalive round fails."""
+    if ttl < 2 or loop_wait <= 0 or retry_timeout <= 0:
+        raise ConfigError(f"coordinator: need ttl >= 2 s and positive loop_wait, retry_timeout (got ttl={ttl:g}, "
+                          f"loop_wait={loop_wait:g}, retry_timeout={retry_timeout:g})")
+    if loop_wait + 2 * retry_timeout > ttl:
+        raise ConfigError(f"coordinator: loop_wait + 2 * retry_timeout must be <= ttl, got {loop_wait:g} + "
+                          f"2 * {retry_timeout:g} = {loop_wait + 2 * retry_timeout:g} > {ttl:g}")
+
+
+def check_key(key: str) -> str:
+    """A record key: a relative path of non-empty, printable parts (`jobs/42`)."""
+    parts = key.split("/")
+    if not key or any(p in ("", ".", "..") for p in parts) or not key.isprintable():
+        raise ValueError(f"bad record key {key!r}: want a relative path like 'jobs/42'")
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A node of the mesh as it registers itself: GPUs by local index (their model names)."""
+
+    name: str
+    address: str
+    gpus: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps({"name": self.name, "address": self.address, "gpus": list(self.gpus)}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Member:
+        data = json.loads(text)
+        return cls(str(data["name"]), str(data["address"]), tuple(str(g) for g in data.get("gpus", ())))
+
+
+@dataclass(frozen=True, slots=True)
+class Leadership:
+    name: str  # the leader's node name
+    term: int  # grows with every new leadership; commands carry it
+
+
+class ChangeKind(enum.Enum):
+    PUT = "put"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    kind: ChangeKind
+    key: str  # relative record key
+    value: str | None  # None for DELETE
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    items: dict[str, str]  # relative key -> value
+    revision: int  # watch(prefix, since=revision) continues without a gap
+
+
+class Coordinator(Protocol):
+    """What meshd needs from the mesh's store. acquire/renew/release_leadership never raise because the
+    store is away (they answer None, or the term while it is surely still held: local-first); leader(),
+    is_current() and the record calls raise CoordinatorUnavailable, so the caller can keep a write in its
+    local journal and hand it over later."""
+
+    name: str
+
+    @property
+    def term(self) -> int | None:
+        """This node's current term while it holds leadership (and its lease is surely alive), else None."""
+
+    async def start(self) -> None: ...
+
+    async def acquire_leadership(self) -> int | None: ...
+
+    async def renew_leadership(self) -> int | None: ...
+
+    async def release_leadership(self) -> None: ...
+
+    async def leader(self) -> Leadership | None: ...
+
+    async def is_current(self, term: int) -> bool: ...
+
+    async def wait_leader_change(self, timeout: float) -> bool: ...
+
+    async def register(self, member: Member) -> None: ...
+
+    async def members(self) -> list[Member]: ...
+
+    async def put(self, key: str, value: str, term: int | None = None) -> int: ...
+
+    async def get(self, key: str) -> str | None: ...
+
+    async def delete(self, key: str, term: int | None = None) -> bool: ...
+
+    async def list(self, prefix: str = "") -> Listing: ...
+
+    def watch(self, prefix: str = "", since: int | None = None) -> AsyncIterator[Change]: ...
+
+    async def close(self, release: bool = True) -> None: ...
+
+
+@dataclass
+class LocalCoordinator:
+    """The embedded default: one server, always its own leader (term 1), records in memory.
+
+    `initial` seeds the records (e.g. from the journal); `on_change` sees every change as it is made (e.g.
+    to mirror it into the journal). Watches replay from a bounded history, like etcd before compaction.
+    """
+
+    name: str
+    on_change: Callable[[Change], None] | None = None
+    initial: Mapping[str, str] = field(default_factory=dict)
+    history: int = 10_000
+    _records: dict[str, str] = field(init=False, default_factory=dict)
+    _log: deque[Change] = field(init=False)
+    _revision: int = field(init=False, default=0)
+    _term: int | None = field(init=False, default=None)
+    _terms: int = field(init=False, default=0)
+    _members: dict[str, Member] = field(init=False, default_factory=dict)
+    _wakeup: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    _closed: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self._log = deque(maxlen=self.history)
+        self._records = {check_key(k): v for k, v in self.initial.items()}
+
+    @property
+    def term(self) -> int | None:
+        return self._term
+
+    async def start(self) -> None:
+        self._closed = False
+
+    async def acquire_leadership(self) -> int | None:
+        if self._closed:
+            return None
+        if self._term is None:
+            self._terms += 1
+            self._term = self._terms
+            self._notify()
+        return self._term
+
+    async def renew_leadership(self) -> int | None:
+        return self._term
+
+    async def release_leadership(self) -> None:
+        if self._term is not None:
+            self._term = None
+            self._notify()
+
+    async def leader(self) -> Leadership | None:
+        return Leadership(self.name, self._term) if self._term is not None else None
+
+    async def is_current(self, term: int) -> bool:
+        return self._term is not None and term >= self._term
+
+    async def wait_leader_change(self, timeout: float) -> bool:
+        event = self._wakeup
+        try:
+            async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancellation
+                await event.wait()
+        except TimeoutError:
+            return False
+        return not self._closed
+
+    async def register(self, member: Member) -> None:
+        if member.name != self.name:
+            raise ValueError(f"this coordinator is {self.name!r}; cannot register {member.name!r}")
+        self._members[member.name] = member
+
+    async def members(self) -> list[Member]:
+        return sorted(self._members.values(), key=lambda m: m.name)
+
+    def _fence(self, term: int | None) -> None:
+        if term is not None and (self._term is None or term < self._term):
+            raise StaleTerm(f"term {term} is not current (current term: {self._term})")
+
+    def _change(self, kind: ChangeKind, key: str, value: str | None) -> int:
+        self._revision += 1
+        change = Change(kind, key, value, self._revision)
+        self._log.append(change)
+        if self.on_change is not None:
+            self.on_change(change)
+        self._notify()
+        return self._revision
+
+    def _notify(self) -> None:
+        self._wakeup.set()
+        self._wakeup = asyncio.Event()
+
+    async def put(self, key: str, value: str, term: int | None = None) -> int:
+        self._fence(term)
+        self._records[check_key(key)] = value
+        return self._change(ChangeKind.PUT, key, value)
+
+    async def get(self, key: str) -> str | None:
+        return self._records.get(check_key(key))
+
+    async def delete(self, key: str, term: int | None = None) -> bool:
+        self._fence(term)
+        if self._records.pop(check_key(key), None) is None:
+            return False
+        self._change(ChangeKind.DELETE, key, None)
+        return True
+
+    async def list(self, prefix: str = "") -> Listing:
+        return Listing({k: v for k, v in sorted(self._records.items()) if k.startswith(prefix)}, self._revision)
+
+    async def watch(self, prefix: str = "", since: int | None = None) -> AsyncIterator[Change]:
+        seen = self._revision if since is None else since
+        while not self._closed:
+            if seen >= self._revision:
+                await self._wakeup.wait()
+                continue
+            oldest = self._log[0].revision if self._log else self._revision + 1
+            if seen + 1 < oldest:
+                raise WatchCompacted(f"local coordinator: changes after revision {seen} are no longer kept "
+                                     f"(oldest kept: {oldest})")
+            for change in [c for c in self._log if c.revision > seen]:
+                seen = change.revision
+                if change.key.startswith(prefix):
+                    yield change
+
+    async def close(self, release: bool = True) -> None:
+        self._closed = True
+        self._term = None
+        self._members.clear()
+        self._notify()
+
+
+def _open_local(config: CoordinatorConfig, name: str) -> Coordinator:
+    return LocalCoordinator(name)
+
+
+def _open_etcd(config: CoordinatorConfig, name: str) -> Coordinator:
+    from meshsched.daemon.etcd import EtcdCoordinator
+
+    return EtcdCoordinator(config, name)
+
+
+BACKENDS: dict[str, Callable[[CoordinatorConfig, str], Coordinator]] = {"local": _open_local, "etcd": _open_etcd}
+
+
+def open_coordinator(config: CoordinatorConfig, name: str) -> Coordinator:
+    """The coordinator the configuration names (not started: call `start()`)."""
+    return BACKENDS[config.validate().backend](config, name)
