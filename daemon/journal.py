@@ -68,6 +68,7 @@ class JobRecord:
     supervisor_pid: int = 0
     supervisor_start: str = ""  # /proc/PID/stat start time, guards against PID reuse
     pausing: bool = False  # a preemption was asked for: its exit means JobPaused
+    iterations_given: bool = True  # by `mesh submit --iters`; False: the script's declared total replaces it
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -107,3 +107,11 @@ class CheckpointSaved(Event):
 @dataclass(frozen=True, slots=True)
 class RecoveryDone(Event):
     """Every durable record was restored: run one scheduling pass."""
+
+
+@dataclass(frozen=True, slots=True)
+class TotalDeclared(Event):
+    """The job's script declared its total iterations (meshsched.job's hello): the estimate follows it."""
+
+    job_id: str
+    iterations: int
