@@ -134,7 +134,7 @@ def show(job_id: str, as_json: bool = False) -> None:
     shown = dict(job, done_iterations=int(job.get("done_iterations", 0)),
                  checkpoint_iterations=int(job.get("checkpoint_iterations", 0)), restarts=max(0, launches - 1))
     if not job.get("iterations_given", True):
-        shown["iterations"] = f"{job['iterations']} (from the script, or meshd's default; --iters overrides)"
+        shown["iterations"] = f"{job['iterations']} (no --iters: the total the script declares, else 100)"
     lines = [f"{key:>22}: {shown.get(key)}" for key in (
         "job_id", "name", "user", "state", "reason", "gpus", "node", "assigned", "model", "batch_size",
         "iterations", "done_iterations", "checkpoint_iterations", "restarts", "cwd", "job_dir")]  # fmt: skip
