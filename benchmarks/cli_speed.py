@@ -68,12 +68,18 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=1000, help="unfinished jobs in meshd while timing (default 1000)")
     p.add_argument("--repeat", type=int, default=15, help="rounds (each runs every command once)")
     p.add_argument("--gpus", type=int, default=4, help="fake GPUs")
+    p.add_argument("--mesh", type=Path, default=Path(sys.executable).parent / "mesh",
+                   help="the `mesh` script to time (default: the one beside this interpreter); `python -c pass` "
+                        "runs on the interpreter its first line names")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args()
     if args.jobs < 2 or args.repeat < 1:
         raise SystemExit("cli_speed: --jobs must be >= 2 and --repeat >= 1")
-    script = Path(sys.executable).parent / "mesh"
-    mesh = [str(script)] if script.exists() else [sys.executable, "-m", "meshsched.cli.main"]
+    if args.mesh.exists():
+        mesh = [str(args.mesh)]
+        python = args.mesh.read_text().splitlines()[0].removeprefix("#!").strip()
+    else:
+        mesh, python = [sys.executable, "-m", "meshsched.cli.main"], sys.executable
     with tempfile.TemporaryDirectory(prefix="mcs", dir="/tmp") as name:
         tmp = Path(name)
         trivial = tmp / "trivial.py"
@@ -88,7 +94,7 @@ def main() -> None:
             env["MESH_API_SOCKET"] = str(tmp / "run" / "api.sock")
             mid = ids[len(ids) // 2]
             commands: dict[str, object] = {
-                "python -c pass": [sys.executable, "-c", "pass"],
+                "python -c pass": [python, "-c", "pass"],
                 f"mesh ls ({args.jobs} jobs)": [*mesh, "ls"],
                 f"mesh ls --json ({args.jobs} jobs)": [*mesh, "ls", "--json"],
                 "mesh submit": [*mesh, "submit", str(trivial)],
@@ -129,8 +135,8 @@ def main() -> None:
         rows.append({"command": label, "median_ms": round(statistics.median(ts) * 1e3, 1),
                      "min_ms": round(min(ts) * 1e3, 1), "max_ms": round(max(ts) * 1e3, 1),
                      "ratio_to_python": round(statistics.median(ratios), 2), "exit_codes": sorted(codes[label])})
-    report = {"jobs": args.jobs, "rounds": args.repeat, "fill_seconds": round(fill_s, 2), "python": sys.executable,
-              "squeue": squeue or None, "commands": rows}
+    report = {"jobs": args.jobs, "rounds": args.repeat, "fill_seconds": round(fill_s, 2), "python": python,
+              "mesh": " ".join(mesh), "squeue": squeue or None, "commands": rows}
     if args.json:
         print(json.dumps(report, indent=2))
         return

@@ -6,9 +6,12 @@ in the email package, which costs more start-up time than a whole `mesh ls` may 
 
 from __future__ import annotations
 
-import json
 import os
-import socket
+
+try:  # the C module behind `socket`: the same calls, without socket.py's 2 ms of enum set-up at import
+    import _socket as socket
+except ImportError:  # an interpreter without it
+    import socket
 
 SOCKET_HELP = "point mesh at a running one: MESH_API_SOCKET=RUNTIME_DIR/api.sock or MESHD_RUNTIME_DIR=RUNTIME_DIR"
 
@@ -50,7 +53,12 @@ class Client:
 
     def raw(self, method: str, url: str, body: object = None) -> tuple[int, dict[str, str], bytes]:
         """One request; returns (status, headers with lower-case names, body)."""
-        data = b"" if body is None else json.dumps(body).encode()
+        if body is None:
+            data = b""
+        else:
+            import json  # here, not at the top: a GET whose JSON is passed through as bytes never needs it
+
+            data = json.dumps(body).encode()
         head = f"{method} {url} HTTP/1.1\r\nHost: meshd\r\nConnection: close\r\nContent-Length: {len(data)}\r\n"
         if body is not None:
             head += "Content-Type: application/json\r\n"
@@ -69,18 +77,31 @@ class Client:
             sock.close()
 
     def call(self, method: str, url: str, body: object = None) -> object:
+        """One request; the decoded JSON answer, or ApiError with meshd's message."""
+        import json
+
         status, _, data = self.raw(method, url, body)
-        try:
-            payload = json.loads(data) if data else None
-        except ValueError:
-            payload = {"error": data.decode(errors="replace")}
         if status >= 400:
-            msg = payload.get("error") if isinstance(payload, dict) else None
-            raise ApiError(status, msg or f"meshd answered HTTP {status}")
-        return payload
+            raise error_of(status, data)
+        try:
+            return json.loads(data) if data else None
+        except ValueError:
+            raise ApiError(status, f"meshd answered something that is not JSON: {data[:80]!r}") from None
 
 
-def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+def error_of(status: int, data: bytes) -> ApiError:
+    """The ApiError an error answer means (meshd's errors are JSON {"error": "..."})."""
+    import json
+
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        payload = None
+    msg = payload.get("error") if isinstance(payload, dict) else None
+    return ApiError(status, msg or f"meshd answered HTTP {status}")
+
+
+def _read_response(sock) -> tuple[int, dict[str, str], bytes]:
     buf = bytearray()
     while b"\r\n\r\n" not in buf:
         chunk = sock.recv(65536)

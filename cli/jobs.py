@@ -11,8 +11,8 @@ import os
 import sys
 import time
 
-from meshsched.cli.client import SOCKET_HELP, ApiError, Client, DaemonUnavailable
-from meshsched.cli.output import columns, fail, print_json
+from meshsched.cli.client import SOCKET_HELP, ApiError, Client, DaemonUnavailable, error_of
+from meshsched.cli.output import columns, fail, print_json, print_json_bytes
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 NOTHING_TO_CANCEL = 3  # `mesh cancel` exit code when a job had already ended (documented in --help, README)
@@ -28,6 +28,18 @@ def api_call(method: str, url: str, body: object = None, client: Client | None =
         unreachable(client, exc)
     except ApiError as exc:
         fail(str(exc), code=1)
+
+
+def api_json_bytes(url: str) -> bytes:
+    """GET `url` and return meshd's JSON answer undecoded (for --json: passed through as it came)."""
+    client = Client()
+    try:
+        status, _, data = client.raw("GET", url)
+    except DaemonUnavailable as exc:
+        unreachable(client, exc)
+    if status >= 400:
+        fail(str(error_of(status, data)), code=1)
+    return data
 
 
 def unreachable(client: Client, exc: Exception) -> None:
@@ -120,16 +132,16 @@ def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size
 def ls(all_jobs: bool = False, as_json: bool = False) -> None:
     url = "/v1/jobs?all=1" if all_jobs else "/v1/jobs?all=0"
     if as_json:
-        print_json(api_call("GET", url))
+        print_json_bytes(api_json_bytes(url))
     else:
         _out(jobs_lines(api_call("GET", url + LS_BRIEF)))
 
 
 def show(job_id: str, as_json: bool = False) -> None:
-    job = api_call("GET", f"/v1/jobs/{job_id}")
     if as_json:
-        print_json(job)
+        print_json_bytes(api_json_bytes(f"/v1/jobs/{job_id}"))
         return
+    job = api_call("GET", f"/v1/jobs/{job_id}")
     launches = job.get("restarts", 0)  # the record counts launches; a restart is every launch after the first
     shown = dict(job, done_iterations=int(job.get("done_iterations", 0)),
                  checkpoint_iterations=int(job.get("checkpoint_iterations", 0)), restarts=max(0, launches - 1))
@@ -156,13 +168,7 @@ def logs(job_id: str, follow: bool = False, rank: int = 0) -> None:
         except DaemonUnavailable as exc:
             unreachable(client, exc)
         if status >= 400:
-            import json
-
-            try:
-                message = json.loads(data).get("error", f"HTTP {status}")
-            except ValueError:
-                message = f"meshd answered HTTP {status}"
-            fail(message, code=1)
+            fail(str(error_of(status, data)), code=1)
         state = headers.get("x-job-state", "")
         if not data and offset == 0 and not said_empty:
             more = "; waiting for output" if follow and state not in TERMINAL else ""
@@ -202,10 +208,10 @@ def cancel(job_ids: list[str]) -> None:
 
 
 def nodes(as_json: bool = False) -> None:
-    data = api_call("GET", "/v1/nodes")
     if as_json:
-        print_json(data)
+        print_json_bytes(api_json_bytes("/v1/nodes"))
         return
+    data = api_call("GET", "/v1/nodes")
     rows = [("NODE", "STATE", "GPUS", "FREE", "TYPE", "BACKEND", "POLICY", "QUEUE")] + [
         (n["name"], "up" if n["alive"] else "down", str(n["total_gpus"]), str(n["free_gpus"]),
          n["gpus"][0]["name"] if n["gpus"] else "-", n["backend"], n["policy"], str(n["queue_length"]))

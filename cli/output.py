@@ -1,11 +1,11 @@
 """Shared CLI output: one-line errors with a non-zero exit, JSON to stdout, plain aligned columns.
 
-Stdlib only (no typer, no rich): the common commands import this on their fast path.
+Stdlib only (no typer, no rich; json when a command needs it): the common commands import this on their
+fast path.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 
 TYPE_CHECKING = False  # `typing` costs the fast path ~2 ms; type checkers still read the import below
@@ -22,8 +22,16 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def print_json(data: object) -> None:
     """Compact JSON on one line (for scripts: pipe through `jq` to read it)."""
+    import json
+
     sys.stdout.write(json.dumps(data, separators=(",", ":"), default=str))  # dumps: the C encoder
     sys.stdout.write("\n")
+
+
+def print_json_bytes(data: bytes) -> None:
+    """JSON meshd sent, passed through as it came (one line): nothing to decode or encode again."""
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data.rstrip(b"\n") + b"\n")
 
 
 def columns(rows: list[tuple[str, ...]]) -> list[str]:
