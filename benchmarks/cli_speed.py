@@ -8,7 +8,9 @@ process (interpreter start, imports, the request, the output read through a pipe
 every round runs `python -c pass` (the same interpreter the `mesh` script runs on) and each command once,
 so a drift in the machine's speed hits all of them alike. They run as from a user's shell: without
 PYTHONDONTWRITEBYTECODE / PYTHONUNBUFFERED, after one untimed warm-up round (bytecode cached). Reported: the
-median wall time of each, and the median over rounds of its time divided by the same round's `python -c pass`.
+median wall time of each, the median over rounds of its time divided by the same round's `python -c pass`, and
+the median CPU time (user + system of the reaped process; steadier than wall time on a busy machine) with its
+ratio to `python -c pass`'s.
 If `squeue` is on PATH, it is timed the same way beside ours (against whatever Slurm it talks to).
 Everything started is stopped at the end (the jobs are cancelled, then meshd).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -57,10 +60,14 @@ def fill(client: Client, n: int, gpus: int, cwd: str) -> list[str]:
     return ids
 
 
-def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
+def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (user + system, the OS's accounting of the reaped child) and exit code."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False)
-    return time.perf_counter() - t0, proc.returncode
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc.returncode
 
 
 def main() -> None:
@@ -108,14 +115,16 @@ def main() -> None:
             if squeue:
                 commands["squeue (Slurm)"] = [squeue]
             times: dict[str, list[float]] = {k: [] for k in commands}
+            cpus: dict[str, list[float]] = {k: [] for k in commands}
             codes: dict[str, set[int]] = {k: set() for k in commands}
             for label, argv in commands.items():  # warm-up, not timed: writes the bytecode caches
                 if not callable(argv):
                     run_once(argv, env)
             for _ in range(args.repeat):
                 for label, argv in commands.items():
-                    dt, rc = run_once(argv() if callable(argv) else argv, env)
+                    dt, cpu, rc = run_once(argv() if callable(argv) else argv, env)
                     times[label].append(dt)
+                    cpus[label].append(cpu)
                     codes[label].add(rc)
         finally:
             for job in client.call("GET", "/v1/jobs?all=0"):
@@ -128,13 +137,16 @@ def main() -> None:
                 time.sleep(0.1)
             proc.send_signal(signal.SIGTERM)
             proc.wait(20)
-    base = times["python -c pass"]
+    base, base_cpu = times["python -c pass"], statistics.median(cpus["python -c pass"])
     rows = []
     for label, ts in times.items():
         ratios = [t / b for t, b in zip(ts, base)]
+        cpu = statistics.median(cpus[label])
         rows.append({"command": label, "median_ms": round(statistics.median(ts) * 1e3, 1),
                      "min_ms": round(min(ts) * 1e3, 1), "max_ms": round(max(ts) * 1e3, 1),
-                     "ratio_to_python": round(statistics.median(ratios), 2), "exit_codes": sorted(codes[label])})
+                     "ratio_to_python": round(statistics.median(ratios), 2), "cpu_ms": round(cpu * 1e3, 1),
+                     "cpu_ratio_to_python": round(cpu / base_cpu, 2) if base_cpu else None,
+                     "exit_codes": sorted(codes[label])})
     report = {"jobs": args.jobs, "rounds": args.repeat, "fill_seconds": round(fill_s, 2), "python": python,
               "mesh": " ".join(mesh), "squeue": squeue or None, "commands": rows}
     if args.json:
@@ -142,10 +154,11 @@ def main() -> None:
         return
     print(f"{args.jobs} unfinished jobs (filled through the API in {fill_s:.1f} s); {args.repeat} interleaved rounds;"
           f" times end to end, output read through a pipe")
-    print(f"{'command':<32} {'median ms':>10} {'min':>7} {'max':>7} {'x python':>9}  exit")
+    print(f"{'command':<32} {'wall ms':>8} {'min':>6} {'max':>6} {'x python':>8} {'cpu ms':>7} {'x python':>8}  exit")
     for r in rows:
-        print(f"{r['command']:<32} {r['median_ms']:>10.1f} {r['min_ms']:>7.1f} {r['max_ms']:>7.1f} "
-              f"{r['ratio_to_python']:>9.2f}  {','.join(map(str, r['exit_codes']))}")
+        cpu_ratio = f"{r['cpu_ratio_to_python']:.2f}" if r["cpu_ratio_to_python"] else "-"
+        print(f"{r['command']:<32} {r['median_ms']:>8.1f} {r['min_ms']:>6.1f} {r['max_ms']:>6.1f} "
+              f"{r['ratio_to_python']:>8.2f} {r['cpu_ms']:>7.1f} {cpu_ratio:>8}  {','.join(map(str, r['exit_codes']))}")
     if not squeue:
         print("squeue: not on this machine (Slurm's figures are printed beside ours when it is)")
 
