@@ -68,11 +68,8 @@ def where(job: dict) -> str:
 def parse_deadline(text: str, now: float) -> float:
     """`2h`, `90m`, `30s`, `1d` from now, or an ISO date-time."""
     t = text.strip()
-    if t[-1:] in _UNITS:
-        try:
-            return now + float(t[:-1]) * _UNITS[t[-1]]
-        except ValueError:
-            pass
+    if t[-1:] in _UNITS and t[:-1].replace(".", "", 1).isdigit():  # a plain number: no sign, nan or inf
+        return now + float(t[:-1]) * _UNITS[t[-1]]
     from datetime import datetime
 
     try:

@@ -256,6 +256,10 @@ def test_user_errors_are_one_line(served, tmp_path, mesh):
 def test_formatting_helpers():
     assert fmt_time(5) == "0:05" and fmt_time(3725) == "1:02:05" and fmt_time(90061) == "1-01:01:01"
     assert parse_deadline("2h", 100.0) == 7300.0 and parse_deadline("30m", 0.0) == 1800.0
+    assert parse_deadline("1.5d", 0.0) == 129600.0
+    for bad in ("-2h", "infh", "nanm", "h", "2x"):
+        with pytest.raises(SystemExit):
+            parse_deadline(bad, 0.0)
 
 
 def test_mesh_daemon_reports_bad_flags(tmp_path):
