@@ -272,7 +272,10 @@ LEAN = ("typer", "click", "rich", "meshsched.daemon", "meshsched.perf", "meshsch
         "email", "dataclasses", "typing", "asyncio", "datetime")
 PROBE = """import sys
 from meshsched.cli.main import main
-rc = main(sys.argv[1:])
+try:
+    rc = main(sys.argv[1:])
+except SystemExit as exc:  # the typer app exits on its own
+    rc = exc.code
 loaded = sorted(sys.modules)
 import json
 print(json.dumps(loaded), file=sys.stderr)
@@ -303,3 +306,13 @@ def test_common_commands_import_only_what_they_use(served, tmp_path, args):
     extra = sorted(m for m in loaded - set(json.loads(bare.stdout)) if any(m == p or m.startswith(p + ".")
                                                                            for p in lean))
     assert extra == [], extra
+
+
+def test_top_json_does_not_import_rich(served):
+    """`mesh top --json` goes through the typer app, but draws nothing: rich stays out."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    p = subprocess.run([sys.executable, "-c", PROBE, "top", "--json"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["nodes"][0]["name"] == "n1"
+    assert [m for m in json.loads(p.stderr.strip().splitlines()[-1]) if m.split(".")[0] == "rich"] == []
