@@ -1,15 +1,19 @@
-"""A small blocking client for meshd's HTTP API over its Unix socket (stdlib http.client: fast start-up)."""
+"""A small blocking client for meshd's HTTP API over its Unix socket.
+
+HTTP/1.1 by hand on a plain socket (one request per connection, `Connection: close`): `http.client` pulls
+in the email package, which costs more start-up time than a whole `mesh ls` may take.
+"""
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
-import socket
-from pathlib import Path
-from typing import Any
 
-from meshsched.daemon.config import default_runtime_dir
+try:  # the C module behind `socket`: the same calls, without socket.py's 2 ms of enum set-up at import
+    import _socket as socket
+except ImportError:  # an interpreter without it
+    import socket
+
+SOCKET_HELP = "point mesh at a running one: MESH_API_SOCKET=RUNTIME_DIR/api.sock or MESHD_RUNTIME_DIR=RUNTIME_DIR"
 
 
 class DaemonUnavailable(ConnectionError):
@@ -22,51 +26,117 @@ class ApiError(Exception):
         self.status = status
 
 
-def default_socket() -> Path:
-    """$MESH_API_SOCKET, else the API socket in meshd's default runtime dir ($MESHD_RUNTIME_DIR honoured)."""
-    env = os.environ
+def default_socket(env: dict[str, str] | None = None) -> str:
+    """$MESH_API_SOCKET, else api.sock in $MESHD_RUNTIME_DIR, else in meshd's default runtime dir.
+
+    The default mirrors meshd's (daemon/config.py, `default_runtime_dir`): /run/meshsched as root, else
+    $XDG_RUNTIME_DIR/meshsched, else /tmp/meshsched-$UID. Kept here, not imported: importing the daemon's
+    configuration module costs the CLI more than its whole request (a test checks the two agree)."""
+    env = os.environ if env is None else env
     if env.get("MESH_API_SOCKET"):
-        return Path(env["MESH_API_SOCKET"])
-    runtime = Path(env["MESHD_RUNTIME_DIR"]) if env.get("MESHD_RUNTIME_DIR") else default_runtime_dir(env)
-    return runtime / "api.sock"
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("meshd", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
+        return env["MESH_API_SOCKET"]
+    if env.get("MESHD_RUNTIME_DIR"):
+        runtime = env["MESHD_RUNTIME_DIR"]
+    elif os.geteuid() == 0:
+        runtime = "/run/meshsched"
+    elif env.get("XDG_RUNTIME_DIR"):
+        runtime = os.path.join(env["XDG_RUNTIME_DIR"], "meshsched")
+    else:
+        runtime = f"/tmp/meshsched-{os.getuid()}"
+    return os.path.join(runtime, "api.sock")
 
 
 class Client:
-    def __init__(self, path: Path | None = None, timeout: float = 10.0) -> None:
-        self.path = path or default_socket()
+    def __init__(self, path: str | os.PathLike | None = None, timeout: float = 10.0) -> None:
+        self.path = os.fspath(path) if path is not None else default_socket()
         self.timeout = timeout
 
-    def raw(self, method: str, url: str, body: Any = None) -> tuple[int, dict[str, str], bytes]:
-        conn = _UnixConnection(str(self.path), self.timeout)
-        try:
-            data = None if body is None else json.dumps(body).encode()
-            headers = {"Content-Type": "application/json"} if data is not None else {}
-            conn.request(method, url, body=data, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, dict(resp.getheaders()), resp.read()
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            raise DaemonUnavailable(str(exc)) from None
-        finally:
-            conn.close()
+    def raw(self, method: str, url: str, body: object = None) -> tuple[int, dict[str, str], bytes]:
+        """One request; returns (status, headers with lower-case names, body)."""
+        if body is None:
+            data = b""
+        else:
+            import json  # here, not at the top: a GET whose JSON is passed through as bytes never needs it
 
-    def call(self, method: str, url: str, body: Any = None) -> Any:
-        status, _, data = self.raw(method, url, body)
+            data = json.dumps(body).encode()
+        head = f"{method} {url} HTTP/1.1\r\nHost: meshd\r\nConnection: close\r\nContent-Length: {len(data)}\r\n"
+        if body is not None:
+            head += "Content-Type: application/json\r\n"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            payload = json.loads(data) if data else None
-        except ValueError:
-            payload = {"error": data.decode(errors="replace")}
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(self.path)
+            except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
+                raise DaemonUnavailable(exc.strerror or str(exc)) from None
+            except PermissionError:
+                raise DaemonUnavailable("permission denied: meshd there runs as another user") from None
+            sock.sendall(head.encode() + b"\r\n" + data)
+            return _read_response(sock)
+        finally:
+            sock.close()
+
+    def call(self, method: str, url: str, body: object = None) -> object:
+        """One request; the decoded JSON answer, or ApiError with meshd's message."""
+        import json
+
+        status, _, data = self.raw(method, url, body)
         if status >= 400:
-            msg = payload.get("error") if isinstance(payload, dict) else None
-            raise ApiError(status, msg or f"meshd answered HTTP {status}")
-        return payload
+            raise error_of(status, data)
+        try:
+            return json.loads(data) if data else None
+        except ValueError:
+            raise ApiError(status, f"meshd answered something that is not JSON: {data[:80]!r}") from None
+
+
+def error_of(status: int, data: bytes) -> ApiError:
+    """The ApiError an error answer means (meshd's errors are JSON {"error": "..."})."""
+    import json
+
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        payload = None
+    msg = payload.get("error") if isinstance(payload, dict) else None
+    return ApiError(status, msg or f"meshd answered HTTP {status}")
+
+
+def _read_response(sock) -> tuple[int, dict[str, str], bytes]:
+    buf = bytearray()
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise DaemonUnavailable("meshd closed the connection without an answer")
+        buf += chunk
+    end = buf.index(b"\r\n\r\n")
+    lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+    body = buf[end + 4 :]
+    try:
+        status = int(lines[0].split(" ", 2)[1])
+    except (IndexError, ValueError):
+        raise DaemonUnavailable(f"not an HTTP answer: {lines[0][:80]!r}") from None
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = headers.get("content-length")
+    chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+    while length is None or len(body) < int(length):
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            break
+        body += chunk
+    if chunked:
+        body = _dechunk(bytes(body))
+    return status, headers, bytes(body)
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, pos = bytearray(), 0
+    while True:
+        eol = data.index(b"\r\n", pos)
+        size = int(data[pos:eol].split(b";")[0], 16)
+        if size == 0:
+            return bytes(out)
+        out += data[eol + 2 : eol + 2 + size]
+        pos = eol + 4 + size

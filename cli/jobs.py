@@ -1,38 +1,50 @@
-"""`mesh submit|ls|show|logs|cancel|nodes|top|daemon`: the job commands, a thin client of meshd's API."""
+"""The job commands (`submit`, `ls`, `show`, `logs`, `cancel`, `nodes`, `top`): thin clients of meshd's API.
+
+Plain functions with keyword arguments, called by the lean parser (cli/fast.py) and by the typer app
+(cli/app.py) alike. Module imports are stdlib only (no typer, no rich, no pathlib): a `mesh ls` pays only
+for what it uses; `top`'s live view imports rich when it draws.
+"""
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from datetime import datetime
-from pathlib import Path
-from typing import Any
 
-import typer
-from meshsched.cli.client import ApiError, Client, DaemonUnavailable
-from meshsched.cli.output import fail, print_json
+from meshsched.cli.client import SOCKET_HELP, ApiError, Client, DaemonUnavailable, error_of
+from meshsched.cli.output import columns, fail, print_json, print_json_bytes
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+NOTHING_TO_CANCEL = 3  # `mesh cancel` exit code when a job had already ended (documented in --help, README)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-@contextmanager
-def _api() -> Iterator[Client]:
-    client = Client()
+def api_call(method: str, url: str, body: object = None, client: Client | None = None) -> object:
+    """One API call; meshd not reachable or an API error becomes a one-line error and an exit."""
+    client = client or Client()
     try:
-        yield client
-    except DaemonUnavailable:
-        fail(
-            f"meshd is not running (no daemon at {client.path}); start it with `mesh daemon --fake-gpus 8 &` "
-            "or `systemctl start meshd`"
-        )
+        return client.call(method, url, body)
+    except DaemonUnavailable as exc:
+        unreachable(client, exc)
     except ApiError as exc:
         fail(str(exc), code=1)
+
+
+def api_json_bytes(url: str) -> bytes:
+    """GET `url` and return meshd's JSON answer undecoded (for --json: passed through as it came)."""
+    client = Client()
+    try:
+        status, _, data = client.raw("GET", url)
+    except DaemonUnavailable as exc:
+        unreachable(client, exc)
+    if status >= 400:
+        fail(str(error_of(status, data)), code=1)
+    return data
+
+
+def unreachable(client: Client, exc: Exception) -> None:
+    fail(f"meshd is not running (no daemon at {client.path}: {exc}); start one with `meshd --fake-gpus 8 &` "
+         f"(or `mesh daemon`, `systemctl start meshd`), or {SOCKET_HELP}")
 
 
 def fmt_time(seconds: float) -> str:
@@ -46,7 +58,7 @@ def fmt_time(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def where(job: dict[str, Any]) -> str:
+def where(job: dict) -> str:
     """NODE(REASON): the node while it holds GPUs, else (reason)."""
     if job["state"] in ("LOADING", "RUNNING", "PAUSING"):
         return job["node"]
@@ -55,189 +67,218 @@ def where(job: dict[str, Any]) -> str:
 
 def parse_deadline(text: str, now: float) -> float:
     """`2h`, `90m`, `30s`, `1d` from now, or an ISO date-time."""
-    m = _DURATION.match(text.strip())
-    if m:
-        return now + float(m.group(1)) * _UNITS[m.group(2)]
+    t = text.strip()
+    if t[-1:] in _UNITS and t[:-1].replace(".", "", 1).isdigit():  # a plain number: no sign, nan or inf
+        return now + float(t[:-1]) * _UNITS[t[-1]]
+    from datetime import datetime
+
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
         fail(f"--deadline {text!r}: give a duration like 2h / 90m or an ISO date-time")
 
 
-def build_command(script: Path, args: list[str]) -> list[str]:
-    path = script.resolve()
-    if path.suffix == ".py" or not os.access(path, os.X_OK):
-        return [sys.executable, str(path), *args]
-    return [str(path), *args]
+def build_command(script: str, args: list[str]) -> list[str]:
+    path = os.path.realpath(script)
+    if path.endswith(".py") or not os.access(path, os.X_OK):
+        return [sys.executable, path, *args]
+    return [path, *args]
 
 
-def jobs_lines(jobs: list[dict[str, Any]]) -> list[str]:
+LS_BRIEF = "&brief=1"  # meshd answers only the columns jobs_lines reads
+
+
+def jobs_lines(jobs: list[dict]) -> list[str]:
     """squeue-style plain columns (fast for thousands of jobs, easy to grep)."""
     header = ("JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "NODE(REASON)")
-    rows = [header] + [
+    return columns([header] + [
         (j["job_id"], j["name"], j["user"], j["state"], fmt_time(j["elapsed"]), str(j["gpus"]), where(j)) for j in jobs
-    ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
+    ])  # fmt: skip
 
 
-def register(app: typer.Typer) -> None:
-    """Add the job commands to the `mesh` app."""
+def _out(lines: list[str]) -> None:
+    sys.stdout.write("\n".join(lines) + "\n")
 
-    @app.command()
-    def submit(
-        script: Path = typer.Argument(..., help="training script (python file or executable)"),
-        args: list[str] = typer.Argument(None, help="arguments for the script (after --)"),
-        gpus: int = typer.Option(1, "--gpus", "-g", help="GPUs (one worker process per GPU)"),
-        batch_size: int = typer.Option(32, "--batch-size", help="global batch size (for the estimate)"),
-        iters: int = typer.Option(100, "--iters", help="expected iterations (the scheduler's estimate)"),
-        model: str = typer.Option("custom", "--model", help="reuse a profiled model's speed, e.g. resnet18"),
-        name: str = typer.Option("", "--name", help="job name (default: the script's name)"),
-        deadline: str = typer.Option("", "--deadline", help="2h / 90m / ISO date-time"),
-        guaranteed: bool = typer.Option(False, "--guaranteed/--best-effort", help="performance guarantee"),
-        as_json: bool = typer.Option(False, "--json", help="print the job as JSON"),
-    ) -> None:
-        """Submit a training job; prints its id."""
-        if gpus < 1:
-            fail(f"--gpus must be at least 1, got {gpus}")
-        if not script.is_file():
-            fail(f"script {script} does not exist")
-        body = {
-            "command": build_command(script, list(args or [])), "cwd": os.getcwd(), "gpus": gpus,
-            "batch_size": batch_size, "iterations": iters, "model": model, "name": name,
-            "deadline": parse_deadline(deadline, time.time()) if deadline else None, "guaranteed": guaranteed,
-        }
-        with _api() as api:
-            job = api.call("POST", "/v1/jobs", body)
-        if as_json:
-            print_json(job)
+
+# ---------------------------------------------------------------------------------------------- commands
+
+
+def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size: int = 32, iters: int | None = None,
+           model: str = "custom", name: str = "", deadline: str = "", guaranteed: bool = False,
+           as_json: bool = False) -> None:
+    if gpus < 1:
+        fail(f"--gpus must be at least 1, got {gpus}")
+    if iters is not None and iters < 1:
+        fail(f"--iters must be at least 1, got {iters}")
+    if not os.path.isfile(script):
+        fail(f"script {script} does not exist")
+    body = {
+        "command": build_command(script, list(args or [])), "cwd": os.getcwd(), "gpus": gpus,
+        "batch_size": batch_size, "model": model, "name": name,
+        "deadline": parse_deadline(deadline, time.time()) if deadline else None, "guaranteed": guaranteed,
+    }  # fmt: skip
+    if iters is not None:  # else meshd takes the total a meshsched.job script declares (or its default)
+        body["iterations"] = iters
+    job = api_call("POST", "/v1/jobs", body)
+    if as_json:
+        print_json(job)
+    else:
+        sys.stdout.write(f"Submitted job {job['job_id']}\n")
+
+
+def ls(all_jobs: bool = False, as_json: bool = False) -> None:
+    url = "/v1/jobs?all=1" if all_jobs else "/v1/jobs?all=0"
+    if as_json:
+        print_json_bytes(api_json_bytes(url))
+    else:
+        _out(jobs_lines(api_call("GET", url + LS_BRIEF)))
+
+
+def show(job_id: str, as_json: bool = False) -> None:
+    if as_json:
+        print_json_bytes(api_json_bytes(f"/v1/jobs/{job_id}"))
+        return
+    job = api_call("GET", f"/v1/jobs/{job_id}")
+    launches = job.get("restarts", 0)  # the record counts launches; a restart is every launch after the first
+    shown = dict(job, done_iterations=int(job.get("done_iterations", 0)),
+                 checkpoint_iterations=int(job.get("checkpoint_iterations", 0)), restarts=max(0, launches - 1))
+    if not job.get("iterations_given", True):
+        shown["iterations"] = f"{job['iterations']} (no --iters: the total the script declares, else 100)"
+    lines = [f"{key:>22}: {shown.get(key)}" for key in (
+        "job_id", "name", "user", "state", "reason", "gpus", "node", "assigned", "model", "batch_size",
+        "iterations", "done_iterations", "checkpoint_iterations", "restarts", "cwd", "job_dir")]  # fmt: skip
+    lines.append(f"{'command':>22}: {' '.join(job['command'])}")
+    lines.append(f"{'time':>22}: {fmt_time(job['elapsed'])}")
+    for at, state, reason in job.get("history", []):
+        lines.append(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}  {state:<10} {reason}")
+    _out(lines)
+
+
+def logs(job_id: str, follow: bool = False, rank: int = 0) -> None:
+    """Print a job's log; says so on stderr while the log is still empty (stdout stays the log alone)."""
+    client = Client()
+    offset = 0
+    said_empty = False
+    while True:
+        try:
+            status, headers, data = client.raw("GET", f"/v1/jobs/{job_id}/logs?rank={rank}&offset={offset}")
+        except DaemonUnavailable as exc:
+            unreachable(client, exc)
+        if status >= 400:
+            fail(str(error_of(status, data)), code=1)
+        state = headers.get("x-job-state", "")
+        if not data and offset == 0 and not said_empty:
+            more = "; waiting for output" if follow and state not in TERMINAL else ""
+            sys.stderr.write(f"mesh: job {job_id} is {state}; its log (rank {rank}) is empty so far{more}\n")
+            sys.stderr.flush()
+            said_empty = True
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        offset = int(headers.get("x-log-offset", offset))
+        if not follow or (not data and state in TERMINAL):
+            return
+        if not data:
+            time.sleep(0.5)  # client-side follow, like tail -f
+
+
+def cancel(job_ids: list[str]) -> None:
+    """Cancel each job; exit 0 when every one was cancelled, NOTHING_TO_CANCEL when one had already ended."""
+    client = Client()
+    code = 0
+    for job_id in job_ids:
+        try:
+            job = client.call("POST", f"/v1/jobs/{job_id}/cancel")
+        except DaemonUnavailable as exc:
+            unreachable(client, exc)
+        except ApiError as exc:
+            sys.stderr.write(f"mesh: error: {exc}\n")
+            code = max(code, 1)
+            continue
+        before = job.get("previous_state", "")
+        if before in TERMINAL:
+            sys.stdout.write(f"job {job_id} already {before}; nothing to cancel\n")
+            code = code or NOTHING_TO_CANCEL
         else:
-            typer.echo(f"Submitted job {job['job_id']}")
+            sys.stdout.write(f"job {job_id}: {job['state']}\n")
+    if code:
+        raise SystemExit(code)
 
-    @app.command("ls")
-    def ls(
-        all_jobs: bool = typer.Option(False, "--all", "-a", help="include finished jobs"),
-        as_json: bool = typer.Option(False, "--json"),
-    ) -> None:
-        """List jobs like squeue: JOBID NAME USER STATE TIME GPUS NODE(REASON)."""
-        with _api() as api:
-            jobs = api.call("GET", "/v1/jobs?all=1" if all_jobs else "/v1/jobs?all=0")
-        if as_json:
-            print_json(jobs)
-            return
-        typer.echo("\n".join(jobs_lines(jobs)))
 
-    @app.command()
-    def show(job_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
-        """Everything about one job, with its state history."""
-        with _api() as api:
-            job = api.call("GET", f"/v1/jobs/{job_id}")
-        if as_json:
-            print_json(job)
-            return
-        for key in ("job_id", "name", "user", "state", "reason", "gpus", "node", "assigned", "model", "batch_size",
-                    "iterations", "done_iterations", "checkpoint_iterations", "restarts", "cwd", "job_dir"):
-            typer.echo(f"{key:>22}: {job.get(key)}")
-        typer.echo(f"{'command':>22}: {' '.join(job['command'])}")
-        typer.echo(f"{'time':>22}: {fmt_time(job['elapsed'])}")
-        for at, state, reason in job.get("history", []):
-            stamp = datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S")
-            typer.echo(f"{stamp}  {state:<10} {reason}")
+def nodes(as_json: bool = False) -> None:
+    if as_json:
+        print_json_bytes(api_json_bytes("/v1/nodes"))
+        return
+    data = api_call("GET", "/v1/nodes")
+    rows = [("NODE", "STATE", "GPUS", "FREE", "TYPE", "BACKEND", "POLICY", "QUEUE")] + [
+        (n["name"], "up" if n["alive"] else "down", str(n["total_gpus"]), str(n["free_gpus"]),
+         n["gpus"][0]["name"] if n["gpus"] else "-", n["backend"], n["policy"], str(n["queue_length"]))
+        for n in data
+    ]  # fmt: skip
+    _out(columns(rows))
 
-    @app.command()
-    def logs(
-        job_id: str,
-        follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends"),
-        rank: int = typer.Option(0, "--rank", "-r", help="which worker's log"),
-    ) -> None:
-        """Print a job's log (one file per rank)."""
-        offset = 0
-        with _api() as api:
-            while True:
-                status, headers, data = api.raw("GET", f"/v1/jobs/{job_id}/logs?rank={rank}&offset={offset}")
-                if status >= 400:
-                    import json
 
-                    raise ApiError(status, json.loads(data).get("error", f"HTTP {status}"))
-                sys.stdout.buffer.write(data)
-                sys.stdout.flush()
-                offset = int(headers.get("X-Log-Offset", offset))
-                if not follow or (not data and headers.get("X-Job-State") in TERMINAL):
-                    return
-                if not data:
-                    time.sleep(0.5)  # client-side follow, like tail -f
+def gpu_share(job: dict, gpus: dict[int, dict]) -> str:
+    """The mean utilisation of the GPUs a job holds, as the backend measures it; '-' when not known."""
+    readings = [gpus[i]["utilization"] for i in job.get("gpu_names") or () if i in gpus]
+    if job["state"] not in ("LOADING", "RUNNING", "PAUSING") or not readings or min(readings) < 0:
+        return "-"
+    return f"{sum(readings) / len(readings):.0f}"
 
-    @app.command()
-    def cancel(job_ids: list[str] = typer.Argument(..., help="job ids")) -> None:
-        """Cancel jobs (running ones get SIGTERM, then SIGKILL after the grace period)."""
-        with _api() as api:
-            for job_id in job_ids:
-                job = api.call("POST", f"/v1/jobs/{job_id}/cancel")
-                typer.echo(f"job {job_id}: {job['state']}")
 
-    @app.command()
-    def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
-        """Nodes and their GPUs."""
-        from rich.console import Console
-        from rich.table import Table
+def top_rows(node: dict, jobs: list[dict]) -> list[tuple[str, ...]]:
+    """`mesh top`'s job rows: JOBID NAME STATE GPUS GPU% STEP STEPS/S TIME."""
+    gpus = {g["index"]: g for g in node["gpus"]} if node.get("backend") != "fake" else {}
+    rows = [("JOBID", "NAME", "STATE", "GPUS", "GPU%", "STEP", "STEPS/S", "TIME")]
+    for j in jobs:
+        rate = f"{1 / j['step_time']:.2f}" if j["state"] == "RUNNING" and j["step_time"] > 0 else "-"
+        rows.append((j["job_id"], j["name"], j["state"], ",".join(map(str, j["gpu_names"])) or "-",
+                     gpu_share(j, gpus), f"{int(j['done_iterations'])}/{j['iterations']}", rate,
+                     fmt_time(j["elapsed"])))
+    return rows
 
-        with _api() as api:
-            data = api.call("GET", "/v1/nodes")
-        if as_json:
-            print_json(data)
-            return
+
+def top(once: bool = False, interval: float = 1.0, as_json: bool = False) -> None:
+    """Live view: one line per GPU (gpustat style), one row per job; --json prints one frame as JSON."""
+    client = Client()
+
+    def fetch() -> tuple[list[dict], list[dict]]:
+        return api_call("GET", "/v1/nodes", client=client), api_call("GET", "/v1/jobs?all=0", client=client)
+
+    if as_json:
+        nodes_, jobs_ = fetch()
+        print_json({"nodes": nodes_, "jobs": jobs_})
+        return
+    from rich.console import Console, Group
+    from rich.live import Live
+    from rich.markup import escape
+    from rich.table import Table
+
+    def frame() -> Group:
+        nodes_, jobs_ = fetch()
+        node = nodes_[0]
+        fake = node["backend"] == "fake"
+        lines = [f"[bold]{escape(node['name'])}[/]  {node['backend']}  policy {node['policy']}  "
+                 f"queue {node['queue_length']}  free {node['free_gpus']}/{node['total_gpus']}"]
+        for g in node["gpus"]:
+            util = "  - %" if fake or g["utilization"] < 0 else f"{g['utilization']:>3d} %"
+            lines.append(escape(f"[{g['index']}] {g['name']:<12} {util} | {g['memory_used_mb']:>6} / "
+                                f"{g['memory_total_mb']:>6} MB | {', '.join(g['jobs']) or '-'}"))
+        rows = top_rows(node, jobs_)
         table = Table(box=None, header_style="bold", pad_edge=False)
-        for col in ("NODE", "STATE", "GPUS", "FREE", "TYPE", "BACKEND", "POLICY", "QUEUE"):
+        for col in rows[0]:
             table.add_column(col)
-        for n in data:
-            table.add_row(n["name"], "up" if n["alive"] else "down", str(n["total_gpus"]), str(n["free_gpus"]),
-                          n["gpus"][0]["name"] if n["gpus"] else "-", n["backend"], n["policy"], str(n["queue_length"]))
-        Console().print(table)
+        for r in rows[1:]:
+            table.add_row(*map(escape, r))
+        return Group(*lines, table)
 
-    @app.command()
-    def top(
-        once: bool = typer.Option(False, "--once", help="print one frame and exit"),
-        interval: float = typer.Option(1.0, "--interval", help="seconds between refreshes"),
-    ) -> None:
-        """Live view: one line per GPU (gpustat style), one row per running job."""
-        from rich.console import Console, Group
-        from rich.live import Live
-        from rich.table import Table
-
-        def frame() -> Group:
-            with _api() as api:
-                node = api.call("GET", "/v1/nodes")[0]
-                jobs = api.call("GET", "/v1/jobs?all=0")
-            lines = [f"[bold]{node['name']}[/]  {node['backend']}  policy {node['policy']}  "
-                     f"queue {node['queue_length']}  free {node['free_gpus']}/{node['total_gpus']}"]
-            for g in node["gpus"]:
-                util = f"{g['utilization']:>3d} %" if g["utilization"] >= 0 else "  ? %"
-                lines.append(f"[{g['index']}] {g['name']:<12} {util} | {g['memory_used_mb']:>6} / "
-                             f"{g['memory_total_mb']:>6} MB | {', '.join(g['jobs']) or '-'}")
-            table = Table(box=None, header_style="bold", pad_edge=False)
-            for col in ("JOBID", "NAME", "STATE", "GPUS", "SM%", "STEP", "STEPS/S", "TIME"):
-                table.add_column(col)
-            for j in jobs:
-                rate = f"{1 / j['step_time']:.2f}" if j["state"] == "RUNNING" and j["step_time"] > 0 else "-"
-                table.add_row(j["job_id"], j["name"], j["state"], ",".join(map(str, j["gpu_names"])) or "-", "100",
-                              f"{j['done_iterations']:.0f}/{j['iterations']}", rate, fmt_time(j["elapsed"]))
-            return Group(*lines, table)
-
-        console = Console()
-        if once:
-            console.print(frame())
-            return
-        with Live(frame(), console=console, refresh_per_second=4) as live:
-            try:
-                while True:
-                    time.sleep(interval)
-                    live.update(frame())
-            except KeyboardInterrupt:
-                pass
-
-    @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-    def daemon(ctx: typer.Context) -> None:
-        """Run meshd in the foreground (same flags as `meshd`, e.g. --fake-gpus 8)."""
-        from meshsched.daemon.main import main as meshd_main
-
-        meshd_main(list(ctx.args))
+    console = Console()
+    if once:
+        console.print(frame())
+        return
+    with Live(frame(), console=console, refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                live.update(frame())
+        except KeyboardInterrupt:
+            pass

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from meshsched.cli.output import fail, print_json
+from meshsched.cli.output import columns, fail, print_json
 from meshsched.perf import load_perf_model
 
 app = typer.Typer(help="Performance profiles: list them, refit them from measurements.", no_args_is_help=True)
@@ -30,18 +30,26 @@ def list_profiles(
     if json_out:
         print_json(rows)
         return
-    for r in rows:
-        typer.echo(f"{r['gpu_type']:5s} {r['model']:15s} {'multi-GPU' if r['multi_gpu'] else '1 GPU only':10s} batches {r['batches']}")
+    lines = columns([("GPU", "MODEL", "MULTI-GPU", "BATCHES")] + [
+        (r["gpu_type"], r["model"], "yes" if r["multi_gpu"] else "no", ",".join(map(str, r["batches"]))) for r in rows
+    ])  # fmt: skip
+    typer.echo("\n".join(lines))
 
 
 @app.command("fit")
 def fit(
-    data: Path = typer.Option(Path("../shared/data"), help="Folder with throughputs/ (Gavel, Pollux measurements)."),
+    data: Path | None = typer.Option(
+        None, envvar="MESHSCHED_DATA",
+        help="Folder whose throughputs/ holds Gavel's and Pollux's raw measurements (sources: profiles/README.md).",
+    ),  # fmt: skip
     out: Path = typer.Option(Path("profiles"), help="Where to write the profiles (the repository's profiles/)."),
 ) -> None:
     """Refit the iteration-time model and rebuild profiles/ from the raw measurements (deterministic)."""
+    if data is None:
+        fail("give the raw measurements: --data DIR or MESHSCHED_DATA=DIR, where DIR/throughputs/ holds Gavel's "
+             "and Pollux's measurements (sources: profiles/README.md)")
     if not (data / "throughputs").is_dir():
-        fail(f"{data} has no throughputs/ folder; pass --data pointing at the shared data")
+        fail(f"{data} has no throughputs/ folder (Gavel's and Pollux's measurements; sources: profiles/README.md)")
     try:
         from meshsched.cli.fit import fit_profiles
     except ImportError as e:

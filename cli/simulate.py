@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from meshsched.cli.output import fail, print_json
 from meshsched.perf import DEFAULT_GPU_TYPE, UnknownProfile, load_perf_model
@@ -15,7 +14,8 @@ from meshsched.policies.registry import POLICIES, UnknownPolicy, make_policy
 
 from meshsched.sim.traces import BUILTIN_TRACES, TraceError, TraceOptions, load_trace
 
-# The simulator proper (numpy, matplotlib) is imported inside the command so other `mesh` commands start fast.
+# The simulator proper (numpy, matplotlib) and rich (progress bar, table) are imported inside the command, the
+# latter only when it draws: other `mesh` commands, and --json, do without them.
 
 DEFAULT_POLICIES = "fifo,sjf,srtf,las,srtf@360"
 
@@ -48,11 +48,10 @@ def simulate_cmd(
     out: Path | None = typer.Option(None, help="Directory for summary.json, summary.csv and jobs-<policy>.csv."),
     plot: bool = typer.Option(False, "--plot", help="Write simulate.png (JCT CDFs, queue length) into --out (or .)."),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+    wide: bool = typer.Option(False, "--wide", help="Every column (p99, futile preemptions, deadlines met)."),
 ) -> None:
     """Replay a cluster trace through the scheduler engine under each policy and compare them."""
     from meshsched.sim.loop import ClusterSpec, simulate
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from meshsched.sim.metrics import summarise, summary_dict
 
     if nodes < 1 or gpus_per_node < 1:
@@ -85,10 +84,15 @@ def simulate_cmd(
         fail(str(e))
     if cluster is None:
         cluster = ClusterSpec(nodes, gpus_per_node, gpu_type, perf.gpu_memory_mb(gpu_type))
-    err = Console(stderr=True)
     too_big = sum(1 for j in tr.jobs if j.gpus > cluster.total_gpus)
-    if too_big and not json_out:
-        err.print(f"[yellow]{too_big} job(s) need more than the cluster's {cluster.total_gpus} GPUs: reported as unschedulable[/]")
+    if tr.jobs and too_big == len(tr.jobs):
+        fail(f"every one of the {too_big} jobs needs more than the cluster's {cluster.total_gpus} GPUs: nothing "
+             "to simulate (give more --nodes or --gpus-per-node)")
+    warnings = [f"{too_big} job(s) need more than the cluster's {cluster.total_gpus} GPUs: reported as "
+                "unschedulable"] if too_big else []  # fmt: skip
+    if not json_out:
+        for w in warnings:
+            typer.echo(f"mesh: warning: {w}", err=True)
 
     if out is not None:  # fail before a long replay, not after it
         try:
@@ -97,10 +101,7 @@ def simulate_cmd(
             fail(f"cannot create --out {out}: {e.strerror}")
     results = {}
     summaries: list[tuple[object, float]] = []
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("jobs arrived"),
-        TimeElapsedColumn(), console=err, transient=True, disable=json_out or not err.is_terminal,
-    ) as bar:  # fmt: skip
+    with _progress(json_out) as bar:
         for name in names:
             task = bar.add_task(name, total=len(tr.jobs))
             t0 = time.perf_counter()
@@ -114,7 +115,9 @@ def simulate_cmd(
             summaries.append((summarise(r, name), wall))
 
     if out is not None:
-        _write_outputs(out, results, summaries)
+        written = _write_outputs(out, results, summaries)
+        if not json_out:
+            typer.echo(f"summaries: {', '.join(str(p) for p in written)}", err=True)
     if plot:
         from meshsched.cli.plot import plot_comparison
 
@@ -128,47 +131,93 @@ def simulate_cmd(
                 "trace": tr.name, "jobs": len(tr.jobs), "seed": seed, "load": load,
                 "cluster": [{"nodes": g.nodes, "gpus_per_node": g.gpus_per_node, "gpu_type": g.gpu_type}
                             for g in cluster.groups],
+                "warnings": warnings, "out": str(out) if out is not None else None,
                 "policies": [dict(summary_dict(s), sim_seconds=round(w, 2)) for s, w in summaries],
             }
         )  # fmt: skip
     else:
-        _print_table(tr.name, len(tr.jobs), cluster, summaries)
+        _print_table(tr.name, len(tr.jobs), cluster, summaries, wide)
 
 
-def _print_table(trace: str, n: int, cluster, rows: list) -> None:
-    t = Table(title=f"{trace}: {n} jobs on {cluster.describe()} GPUs")
-    for col in (
-        "policy", "done", "unsched", "JCT h", "p50", "p95", "p99", "wait h", "span h",
-        "preempt", "futile", "fut GPU-h", "util", "deadl", "sim s",
-    ):  # fmt: skip
-        t.add_column(col, justify="left" if col == "policy" else "right")
+# (column, shown without --wide, cell) for the comparison table; the default set fits 100 columns
+COLUMNS = (
+    ("policy", True, lambda s, w: s.policy),
+    ("done", True, lambda s, w: str(s.completed)),
+    ("unsched", True, lambda s, w: str(s.unschedulable)),
+    ("JCT h", True, lambda s, w: f"{s.jct_mean_h:.2f}"),
+    ("p50", True, lambda s, w: f"{s.jct_p50_h:.2f}"),
+    ("p95", True, lambda s, w: f"{s.jct_p95_h:.1f}"),
+    ("p99", False, lambda s, w: f"{s.jct_p99_h:.1f}"),
+    ("wait h", True, lambda s, w: f"{s.wait_mean_h:.2f}"),
+    ("span h", True, lambda s, w: f"{s.makespan_h:.0f}"),
+    ("preempt", True, lambda s, w: str(s.preemptions)),
+    ("futile", False, lambda s, w: str(s.futile_preemptions)),
+    ("fut GPU-h", False, lambda s, w: f"{s.futile_gpu_h:.1f}"),
+    ("util", True, lambda s, w: f"{s.gpu_utilisation:.1%}"),
+    ("deadl", False, lambda s, w: f"{s.deadline_met:.1%}"),
+    ("sim s", True, lambda s, w: f"{w:.1f}"),
+)
+
+
+def _progress(disabled: bool):
+    """rich's progress bar on a terminal's stderr; nothing (and no rich import) for --json."""
+    if disabled:
+        return nullcontext(_NoProgress())
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = Console(stderr=True)
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("jobs arrived"),
+        TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal,
+    )  # fmt: skip
+
+
+class _NoProgress:
+    def add_task(self, *args, **kwargs) -> int:
+        return 0
+
+    def update(self, *args, **kwargs) -> None:
+        return None
+
+    def remove_task(self, *args) -> None:
+        return None
+
+
+def _print_table(trace: str, n: int, cluster, rows: list, wide: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    cols = [c for c in COLUMNS if wide or c[1]]
+    t = Table(title=f"{trace}: {n} jobs on {cluster.describe()} GPUs",
+              box=None, pad_edge=False, header_style="bold")
+    for name, _, _ in cols:
+        t.add_column(name, justify="left" if name == "policy" else "right", no_wrap=True)
     for s, wall in rows:
-        t.add_row(
-            s.policy, str(s.completed), str(s.unschedulable), f"{s.jct_mean_h:.2f}", f"{s.jct_p50_h:.2f}",
-            f"{s.jct_p95_h:.1f}", f"{s.jct_p99_h:.1f}", f"{s.wait_mean_h:.2f}", f"{s.makespan_h:.0f}",
-            str(s.preemptions), str(s.futile_preemptions), f"{s.futile_gpu_h:.1f}", f"{s.gpu_utilisation:.1%}",
-            f"{s.deadline_met:.1%}", f"{wall:.1f}",
-        )  # fmt: skip
+        t.add_row(*(cell(s, wall) for _, _, cell in cols))
     console = Console()
     if not console.is_terminal:
-        console = Console(width=160)
+        console = Console(width=160 if wide else 100)
     console.print(t)
 
 
-def _write_outputs(out: Path, results: dict, rows: list) -> None:
+def _write_outputs(out: Path, results: dict, rows: list) -> list[Path]:
     import csv
     import json
 
     from meshsched.sim.metrics import summary_dict
 
+    written = [out / "summary.json", out / "summary.csv"]
     for name, r in results.items():
-        write_jobs_csv(r, out / f"jobs-{name.replace('@', '_at_')}.csv")
+        written.append(out / f"jobs-{name.replace('@', '_at_')}.csv")
+        write_jobs_csv(r, written[-1])
     dicts = [dict(summary_dict(s), sim_seconds=round(w, 2)) for s, w in rows]
     (out / "summary.json").write_text(json.dumps(dicts, indent=2) + "\n")
     with (out / "summary.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(dicts[0]))
         w.writeheader()
         w.writerows(dicts)
+    return written
 
 
 def write_jobs_csv(result, path: Path) -> None:

@@ -1,13 +1,15 @@
 """meshd's HTTP API (aiohttp) on a Unix socket for `mesh`, optionally on TCP with a bearer token.
 
-Routes: GET /v1/health, GET/POST /v1/jobs, GET /v1/jobs/{id}, POST /v1/jobs/{id}/cancel,
-GET /v1/jobs/{id}/logs?rank=N&offset=B, GET /v1/jobs/{id}/explain, GET /v1/nodes, GET /metrics.
+Routes: GET /v1/health, GET/POST /v1/jobs (?all=0|1; ?brief=1: the squeue columns only), GET /v1/jobs/{id},
+POST /v1/jobs/{id}/cancel, GET /v1/jobs/{id}/logs?rank=N&offset=B, GET /v1/jobs/{id}/explain, GET /v1/nodes,
+GET /metrics.
 Errors are JSON {"error": "..."} with a 4xx status.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import pwd
 import socket
@@ -22,6 +24,10 @@ from meshsched.protocol import SubmitRequest
 
 DAEMON_KEY = web.AppKey("daemon", object)
 LOG_CHUNK = 1 << 20
+
+
+def _compact(data: object) -> str:
+    return json.dumps(data, separators=(",", ":"))
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -55,7 +61,10 @@ async def health(request: web.Request) -> web.Response:
 
 async def list_jobs(request: web.Request) -> web.Response:
     d = request.app[DAEMON_KEY]
-    return web.json_response(d.list_jobs(include_done=request.query.get("all", "1") != "0"))
+    include_done = request.query.get("all", "1") != "0"
+    if request.query.get("brief") == "1":  # the squeue columns only (`mesh ls`)
+        return web.json_response(d.list_brief(include_done), dumps=_compact)
+    return web.json_response(d.list_jobs(include_done))
 
 
 async def submit(request: web.Request) -> web.Response:
@@ -77,7 +86,8 @@ async def show(request: web.Request) -> web.Response:
 
 async def cancel(request: web.Request) -> web.Response:
     d, rec = _record(request)
-    return web.json_response(d.job_view(d.cancel(rec.job_id)))
+    before = rec.state  # `mesh cancel` says when the job had already ended and nothing was done
+    return web.json_response(dict(d.job_view(d.cancel(rec.job_id)), previous_state=before))
 
 
 async def explain(request: web.Request) -> web.Response:

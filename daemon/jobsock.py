@@ -73,7 +73,7 @@ async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamW
         kind = msg["type"]
         if kind == "hello" and isinstance(msg.get("rank"), int):
             rank = msg["rank"]
-            daemon.job_hello(job_id, bool(msg.get("sdk")))
+            daemon.job_hello(job_id, bool(msg.get("sdk")), msg.get("steps"))
         elif kind == "report":
             extra = {k: float(msg[k]) for k in ("samples", "forward_time", "window") if k in msg}
             daemon.job_report(job_id, float(msg["iterations"]), float(msg["step_time"]),

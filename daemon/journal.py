@@ -69,6 +69,7 @@ class JobRecord:
     supervisor_start: str = ""  # /proc/PID/stat start time, guards against PID reuse
     pausing: bool = False  # a preemption was asked for: its exit means JobPaused
     exec: dict | None = None  # ExecConfig.to_dict(): how it trains (micro-batch, accumulation, MPS limits, plan)
+    iterations_given: bool = True  # by `mesh submit --iters`; False: the script's declared total replaces it
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

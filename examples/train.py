@@ -71,7 +71,8 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(16, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     sampler = job.ElasticSampler(args.dataset_size, args.batch_size, world_size=world, seed=0)
-    sess = job.attach(sampler=sampler, checkpoint_every=args.checkpoint_every, accum_steps=args.accum_steps)
+    sess = job.attach(sampler=sampler, checkpoint_every=args.checkpoint_every, accum_steps=args.accum_steps,
+                      total_steps=args.steps)  # meshd's estimate and `mesh top` follow it: no --iters needed
     sess.track(model=model, optimizer=opt)
     start = sess.resume()
     ddp = DDP(model)

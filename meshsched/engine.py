@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshsched import events as ev
 from meshsched.actions import Action, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
@@ -68,6 +68,7 @@ class Engine:
             ev.RecoveryDone: self._on_recovery_done,
             ev.ReconfigureApplied: self._on_reconfigured,
             ev.RankReport: self._on_rank_report,
+            ev.TotalDeclared: self._on_total_declared,
         }
 
     # ---------------------------------------------------------------- entry point
@@ -445,6 +446,21 @@ class Engine:
         if job.done_iterations < ckpt:
             job.done_iterations = ckpt
             job.progress_time = now
+        return None
+
+    def _on_total_declared(self, e: ev.TotalDeclared, now: float, actions: list[Action]) -> Trigger | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or job.state.is_terminal or e.iterations < 1:
+            return self._ignore(now, e, job)
+        queued = job.state.is_queued
+        if queued:  # its queue key may depend on the length
+            self._dequeue(job)
+        job.spec = replace(job.spec, iterations=e.iterations)
+        job.checkpoint_iterations = min(job.checkpoint_iterations, float(e.iterations))
+        job.done_iterations = min(job.done_iterations, float(e.iterations))
+        if queued:
+            self._enqueue(job)
+        self._log(now, e.stimulus_id, job, f"the script declared {e.iterations} iterations in total")
         return None
 
     def _on_recovery_done(self, e: ev.RecoveryDone, now: float, actions: list[Action]) -> Trigger | None:

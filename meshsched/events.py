@@ -124,3 +124,11 @@ class RankReport(Event):
 
     job_id: str
     step_times: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TotalDeclared(Event):
+    """The job's script declared its total iterations (meshsched.job's hello): the estimate follows it."""
+
+    job_id: str
+    iterations: int

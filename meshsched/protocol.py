@@ -19,6 +19,7 @@ MAX_FRAME = 64 * 1024  # bytes of msgpack body
 HEADER = struct.Struct(">I")
 MESSAGE_TYPES = ("hello", "report", "checkpoint", "ping")  # job -> meshd
 REPLY_TYPES = ("ok", "error")  # meshd -> job; an "ok" may carry "directives" (list of maps with "kind")
+DEFAULT_ITERATIONS = 100  # a job's expected iterations when neither `mesh submit --iters` nor its script says
 PREEMPTED_EXIT_CODE = 75  # a rank that checkpointed and exited on request: preempted, resumable (EX_TEMPFAIL)
 
 
@@ -62,6 +63,10 @@ def decode_body(body: bytes, allowed: tuple[str, ...] = MESSAGE_TYPES) -> dict[s
             for key in ("rank", "samples", "forward_time", "window"):  # optional, sent by meshsched.job
                 if key in msg:
                     _number(msg, key, minimum=0.0)
+    if kind == "hello" and "steps" in msg:  # optional: the script's total steps (meshsched.job's attach)
+        steps = msg["steps"]
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ProtocolError("hello: steps must be an integer >= 1")
     if "job_id" in msg and not isinstance(msg["job_id"], str):
         raise ProtocolError("job_id must be a string")
     return msg
@@ -111,7 +116,7 @@ class SubmitRequest:
     cwd: str
     gpus: int = 1
     batch_size: int = 32
-    iterations: int = 100
+    iterations: int | None = None  # None: the script's declared total (hello's `steps`), else DEFAULT_ITERATIONS
     model: str = "custom"
     name: str = ""
     deadline: float | None = None  # absolute UNIX time
@@ -132,8 +137,11 @@ class SubmitRequest:
         if not isinstance(cwd, str) or not cwd.startswith("/"):
             raise RequestError("cwd must be an absolute path")
         ints = {}
-        for key, default in (("gpus", 1), ("batch_size", 32), ("iterations", 100)):
+        for key, default in (("gpus", 1), ("batch_size", 32), ("iterations", None)):
             value = data.get(key, default)
+            if value is None and default is None:
+                ints[key] = None
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise RequestError(f"{key} must be an integer >= 1, got {value!r}")
             ints[key] = value

@@ -93,6 +93,39 @@ def test_simulate_table_output_and_unschedulable_warning():
         assert f"{too_big} job(s) need more than the cluster's 8 GPUs" in r.stderr
 
 
+def test_simulate_table_fits_100_columns_and_wide_shows_all():
+    """Fails before: 131 columns, whatever the terminal."""
+    r = _mesh("simulate", "--jobs", "60", "--nodes", "1", "--policy", "fifo,srtf@360")
+    _ok(r)
+    lines = r.stdout.rstrip("\n").splitlines()
+    assert max(len(line) for line in lines) <= 100, lines
+    header = next(line for line in lines if line.lstrip().startswith("policy")).split()
+    assert header[:4] == ["policy", "done", "unsched", "JCT"] and "futile" not in header and "…" not in r.stdout
+    wide = _mesh("simulate", "--jobs", "60", "--nodes", "1", "--policy", "fifo", "--wide")
+    _ok(wide)
+    wide_header = next(line for line in wide.stdout.splitlines() if line.lstrip().startswith("policy")).split()
+    assert {"p99", "futile", "deadl"} <= set(wide_header) and "…" not in wide.stdout
+
+
+def test_simulate_where_no_job_fits_the_cluster_is_an_error(tmp_path):
+    """Fails before: a table of nan and exit 0."""
+    trace = tmp_path / "big.csv"
+    trace.write_text("submit_time,gpus,duration\n0,16,600\n30,32,1200\n")
+    _assert_one_line_error(_mesh("simulate", "--trace", str(trace), "--nodes", "1", "--json"),
+                           "every one of the 2 jobs needs more than the cluster's 8 GPUs", "--nodes")
+
+
+def test_simulate_json_carries_the_unschedulable_warning(tmp_path):
+    """Fails before: --json dropped the warning that jobs could never run."""
+    trace = tmp_path / "some.csv"
+    trace.write_text("submit_time,gpus,duration\n0,1,600\n30,32,1200\n")
+    r = _mesh("simulate", "--trace", str(trace), "--nodes", "1", "--policy", "fifo", "--json")
+    _ok(r)
+    data = json.loads(r.stdout)
+    assert data["warnings"] == ["1 job(s) need more than the cluster's 8 GPUs: reported as unschedulable"]
+    assert data["policies"][0]["unschedulable"] == 1 and r.stderr == ""
+
+
 # ---------------------------------------------------------------------------------------------- --out, --plot
 
 
@@ -122,6 +155,8 @@ def test_simulate_out_writes_summaries_and_per_job_csvs(tmp_path):
         assert tuple(reader.fieldnames) == JOB_COLUMNS
         assert len(jobs) == 100 and len({j["job_id"] for j in jobs}) == 100
     assert not (out / "simulate.png").exists()
+    # says where the summaries went (fails before: only --plot's path was printed)
+    assert f"summaries: {out / 'summary.json'}, {out / 'summary.csv'}, {out / 'jobs-fifo.csv'}" in r.stderr
 
 
 def test_simulate_plot_writes_a_png(tmp_path):
@@ -237,6 +272,25 @@ def test_profiles_ls_json_lists_models_per_gpu_type():
         assert isinstance(row["multi_gpu"], bool)
         assert row["batches"] and all(isinstance(b, int) and b > 0 for b in row["batches"])
         assert row["batches"] == list(perf.profiled_batches(row["model"], row["gpu_type"]))
+
+
+def test_profiles_ls_has_a_header_row():
+    """Fails before: rows only."""
+    r = _mesh("profiles", "ls", "--gpu-type", "v100")
+    _ok(r)
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["GPU", "MODEL", "MULTI-GPU", "BATCHES"]
+    assert lines[1].split()[:2] == ["v100", "a3c"] and len(lines) == 1 + len(load_perf_model().models("v100"))
+
+
+def test_simulate_json_does_not_import_rich():
+    code = ("import sys\nfrom meshsched.cli.main import main\n"
+            "try:\n    main(['simulate', '--jobs', '20', '--nodes', '1', '--policy', 'fifo', '--json'])\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich'), file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["jobs"] == 20 and p.stderr.strip() == "[]"
 
 
 def test_profiles_ls_one_gpu_type_and_unknown_type():

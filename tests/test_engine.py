@@ -154,6 +154,22 @@ def test_iteration_report_updates_progress_but_not_the_checkpoint():
     assert a.done_iterations == 100.0  # capped at the job's length
 
 
+def test_a_declared_total_replaces_the_estimate_and_reorders_a_queued_job():
+    """meshsched.job's hello says how many steps the script runs: progress caps and SJF order follow it."""
+    h = Harness(policy="sjf", nodes=(("n0", 1),))
+    h.submit("a", 1, 100, 0.0)
+    h.started("a", 1.0)
+    h(ev.TotalDeclared(h.sid("hello-a"), "a", 3000), 2.0)
+    h.report("a", 310.0, 0.1, 3.0)
+    assert h.job("a").spec.iterations == 3000 and h.job("a").done_iterations == 310.0  # not capped at 100
+    h.submit("b", 1, 50, 4.0)
+    h.submit("c", 1, 40, 5.0)
+    h(ev.TotalDeclared(h.sid("hello-c"), "c", 80), 6.0)  # a restored queued job re-declares: re-keyed
+    assert [j.job_id for j in h.engine.queued()] == ["b", "c"]
+    h(ev.TotalDeclared(h.sid("hello-a"), "a", 200), 7.0)  # shorter than done: progress capped, still valid
+    assert h.job("a").done_iterations == 200.0
+
+
 # ------------------------------------------------------------------ preemption
 
 

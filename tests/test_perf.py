@@ -13,9 +13,7 @@ import pytest
 from meshsched.perf import DEFAULT_GPU_TYPE, PerfModel, UnknownProfile, ideal_placement, load_perf_model
 from meshsched.perf.itermodel import comp_time
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-PROFILES = files("meshsched.profiles")
-needs_data = pytest.mark.skipif(not (DATA / "throughputs").is_dir(), reason=f"raw data not at {DATA}")
+PROFILES = files("meshsched.profiles")  # the raw measurements come from the `raw_data` fixture (conftest.py)
 
 # Tolerances for fitted vs measured iteration times: single-GPU points are fitted closely; the multi-GPU
 # points carry measurement noise and the comm model is coarser (see profiles/README.md).
@@ -141,8 +139,8 @@ def test_invalid_arguments(pm: PerfModel) -> None:
 # -- fitted values against the raw measurements ----------------------------------------------------------
 
 
-def _gavel_isolated(gpu: str, job_type: str, sf: int) -> float:
-    with (DATA / "throughputs/gavel/simulation_throughputs_flat.csv").open(newline="") as f:
+def _gavel_isolated(data: Path, gpu: str, job_type: str, sf: int) -> float:
+    with (data / "throughputs/gavel/simulation_throughputs_flat.csv").open(newline="") as f:
         for row in csv.DictReader(f):
             if (row["worker_type"], row["job_type"], row["scale_factor"], row["colocated_with"]) == (
                 gpu, job_type, str(sf), ""
@@ -151,15 +149,14 @@ def _gavel_isolated(gpu: str, job_type: str, sf: int) -> float:
     raise LookupError(job_type)
 
 
-def _pollux_step_time(model: str, placement: str, local_bsz: int) -> float:
-    with (DATA / "throughputs/pollux" / model / "placements.csv").open(newline="") as f:
+def _pollux_step_time(data: Path, model: str, placement: str, local_bsz: int) -> float:
+    with (data / "throughputs/pollux" / model / "placements.csv").open(newline="") as f:
         for row in csv.DictReader(f):
             if row["placement"] == placement and int(row["local_bsz"]) == local_bsz:
                 return float(row["step_time"])
     raise LookupError((model, placement, local_bsz))
 
 
-@needs_data
 @pytest.mark.parametrize(
     ("gpu", "job_type", "model", "batch", "sf", "tol"),
     [
@@ -170,12 +167,11 @@ def _pollux_step_time(model: str, placement: str, local_bsz: int) -> float:
         ("k80", "Transformer (batch size 64)", "transformer", 64, 8, MULTI_GPU_TOL),
     ],
 )
-def test_fit_matches_gavel(pm: PerfModel, gpu: str, job_type: str, model: str, batch: int, sf: int, tol: float) -> None:
-    measured = sf / _gavel_isolated(gpu, job_type, sf)  # aggregate steps/s -> seconds per global step
+def test_fit_matches_gavel(pm: PerfModel, raw_data: Path, gpu: str, job_type: str, model: str, batch: int, sf: int, tol: float) -> None:
+    measured = sf / _gavel_isolated(raw_data, gpu, job_type, sf)  # aggregate steps/s -> seconds per global step
     assert pm.iteration_time(model, gpu, (sf,), batch) == pytest.approx(measured, rel=tol)
 
 
-@needs_data
 @pytest.mark.parametrize(
     ("model", "placement", "bsz", "tol"),
     [
@@ -186,8 +182,8 @@ def test_fit_matches_gavel(pm: PerfModel, gpu: str, job_type: str, model: str, b
         ("yolov3", "2222", 8, MULTI_GPU_TOL),
     ],
 )
-def test_fit_matches_pollux(pm: PerfModel, model: str, placement: str, bsz: int, tol: float) -> None:
-    measured = _pollux_step_time(model, placement, bsz)
+def test_fit_matches_pollux(pm: PerfModel, raw_data: Path, model: str, placement: str, bsz: int, tol: float) -> None:
+    measured = _pollux_step_time(raw_data, model, placement, bsz)
     fitted = pm.iteration_time(model, "t4", tuple(int(c) for c in placement), bsz)
     assert fitted == pytest.approx(measured, rel=tol)
 
@@ -195,9 +191,8 @@ def test_fit_matches_pollux(pm: PerfModel, model: str, placement: str, bsz: int,
 # -- colocation ------------------------------------------------------------------------------------------
 
 
-@needs_data
-def test_colocation_from_flat_csv(pm: PerfModel) -> None:
-    with (DATA / "throughputs/gavel/simulation_throughputs_flat.csv").open(newline="") as f:
+def test_colocation_from_flat_csv(pm: PerfModel, raw_data: Path) -> None:
+    with (raw_data / "throughputs/gavel/simulation_throughputs_flat.csv").open(newline="") as f:
         rows = {
             (r["worker_type"], r["job_type"], r["colocated_with"]): r
             for r in csv.DictReader(f)
@@ -245,11 +240,10 @@ def test_unknown_profile(pm: PerfModel) -> None:
 # -- regeneration ----------------------------------------------------------------------------------------
 
 
-@needs_data
-def test_fit_is_deterministic_and_matches_shipped_profiles(tmp_path: Path) -> None:
+def test_fit_is_deterministic_and_matches_shipped_profiles(tmp_path: Path, raw_data: Path) -> None:
     from meshsched.cli.fit import fit_profiles
 
-    report = fit_profiles(DATA, tmp_path)
+    report = fit_profiles(raw_data, tmp_path)
     assert "| v100 | resnet50 |" in report
     generated = sorted(p.name for p in tmp_path.iterdir())
     shipped = {e.name for e in PROFILES.iterdir()}

@@ -37,6 +37,8 @@ def test_oversized_frame_is_refused_from_its_header():
         (msgpack.packb({"v": 1, "type": "report", "iterations": -1, "step_time": 1}), "iterations"),
         (msgpack.packb({"v": 1, "type": "report", "iterations": 1, "step_time": float("nan")}), "step_time"),
         (msgpack.packb({"v": 1, "type": "hello", "job_id": 7}), "job_id"),
+        (msgpack.packb({"v": 1, "type": "hello", "rank": 0, "steps": 0}), "steps"),
+        (msgpack.packb({"v": 1, "type": "hello", "rank": 0, "steps": 2.5}), "steps"),
     ],
 )
 def test_bad_messages(body, match):
@@ -53,7 +55,8 @@ def test_replies_are_not_requests():
 
 def test_submit_request_validation():
     req = SubmitRequest.from_json({"command": ["python", "t.py"], "cwd": "/tmp", "gpus": 2})
-    assert req.gpus == 2 and req.model == "custom" and req.iterations == 100
+    assert req.gpus == 2 and req.model == "custom" and req.iterations is None  # None: the script may declare it
+    assert SubmitRequest.from_json({"command": ["x"], "cwd": "/", "iterations": 7}).iterations == 7
     for bad, match in [
         ({"command": [], "cwd": "/tmp"}, "command"),
         ({"command": ["x"], "cwd": "rel"}, "cwd"),

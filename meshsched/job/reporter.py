@@ -28,8 +28,9 @@ class StepRecord:
 
 class Reporter:
     def __init__(self, socket_path: str, rank: int, interval: float,
-                 on_directive: Callable[[dict], None]) -> None:
+                 on_directive: Callable[[dict], None], total_steps: int | None = None) -> None:
         self.rank = rank
+        self.total_steps = total_steps  # said in hello: meshd's estimate of the job's length follows it
         self.interval = max(0.01, interval)
         self._path = socket_path
         self._on_directive = on_directive
@@ -55,7 +56,10 @@ class Reporter:
         except OSError:
             return None
         try:
-            client.request({"type": "hello", "sdk": 1, "rank": self.rank})
+            hello = {"type": "hello", "sdk": 1, "rank": self.rank}
+            if self.total_steps:
+                hello["steps"] = self.total_steps
+            client.request(hello)
         except (OSError, ValueError):  # ValueError: meshd refused (ProtocolError), e.g. not one of its jobs
             client.close()
             return None

@@ -1,6 +1,6 @@
 """The training session: checkpoint/resume, cooperative exit agreed across ranks, reports, calibration.
 
-    sess = meshsched.job.attach(sampler=sampler, checkpoint_every=10)
+    sess = meshsched.job.attach(sampler=sampler, checkpoint_every=10, total_steps=total)
     sess.track(model=model, optimizer=opt)      # plus the sampler and RNG, tracked by attach
     sess.resume()                               # loads the latest checkpoint, if any
     while sess.step < total:
@@ -67,8 +67,12 @@ class _Meta(State):
 class Session:
     def __init__(self, env: MeshEnv, sampler: ElasticSampler | None = None, checkpoint_every: int = 0,
                  accum_steps: int = 1, vote_interval: float = 0.25, handle_sigterm: bool | None = None,
-                 rng: bool = True) -> None:
+                 rng: bool = True, total_steps: int | None = None) -> None:
+        if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)
+                                        or total_steps < 1):
+            raise ValueError(f"total_steps must be an integer >= 1, got {total_steps!r}")
         self.env = env
+        self.total_steps = total_steps
         self.rank, self.world_size = env.rank, env.world_size
         self.sampler = sampler
         self.step = 0
@@ -91,7 +95,7 @@ class Session:
         self._last = time.perf_counter()
         self.reporter = None
         if env.under_meshd and env.socket:
-            self.reporter = Reporter(env.socket, self.rank, env.report_interval, self._on_directive)
+            self.reporter = Reporter(env.socket, self.rank, env.report_interval, self._on_directive, total_steps)
         if handle_sigterm is None:
             handle_sigterm = self.checkpointer is not None or env.under_meshd
         if handle_sigterm and threading.current_thread() is threading.main_thread():
@@ -275,8 +279,12 @@ class Session:
 
 
 def attach(*, sampler: ElasticSampler | None = None, checkpoint_every: int = 0, accum_steps: int = 1,
-           vote_interval: float = 0.25, handle_sigterm: bool | None = None, rng: bool = True) -> Session:
+           vote_interval: float = 0.25, handle_sigterm: bool | None = None, rng: bool = True,
+           total_steps: int | None = None) -> Session:
     """The session for this process, configured from the environment (a no-op shell outside meshd).
 
-    rng=False leaves the random generators out of checkpoints (then a script without torch needs none)."""
-    return Session(MeshEnv.read(), sampler, checkpoint_every, accum_steps, vote_interval, handle_sigterm, rng)
+    rng=False leaves the random generators out of checkpoints (then a script without torch needs none).
+    total_steps: the steps the script runs in total; meshd then uses it as the job's length (its estimate,
+    `mesh top`'s STEP x/N) unless `mesh submit --iters` gave one."""
+    return Session(MeshEnv.read(), sampler, checkpoint_every, accum_steps, vote_interval, handle_sigterm, rng,
+                   total_steps)

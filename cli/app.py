@@ -1,0 +1,110 @@
+"""The full `mesh` typer app: every command, its options and its --help.
+
+`mesh` runs the common commands through the lean parser (cli/fast.py) and comes here for everything
+else: other commands, --help, and any command line the lean parser does not take (typer then gives its
+usual error). The job commands' options are declared here once; tests/test_cli_fast.py checks that the
+lean parser accepts exactly these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from meshsched.cli import jobs, profiles, simulate
+
+app = typer.Typer(
+    name="mesh",
+    help="meshsched: schedule deep-learning training on GPU clusters, and replay traces to compare policies.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.command()
+def submit(
+    script: Path = typer.Argument(..., help="training script (python file or executable)"),
+    args: list[str] = typer.Argument(None, help="arguments for the script (after --)"),
+    gpus: int = typer.Option(1, "--gpus", "-g", help="GPUs (one worker process per GPU)"),
+    batch_size: int = typer.Option(32, "--batch-size", help="global batch size (for the estimate)"),
+    iters: int | None = typer.Option(
+        None, "--iters",
+        help="expected iterations (the scheduler's estimate); default: the total a meshsched.job script "
+             "declares (attach(total_steps=N)), else 100",
+    ),  # fmt: skip
+    model: str = typer.Option("custom", "--model", help="reuse a profiled model's speed, e.g. resnet18"),
+    name: str = typer.Option("", "--name", help="job name (default: the script's name)"),
+    deadline: str = typer.Option("", "--deadline", help="2h / 90m / ISO date-time"),
+    guaranteed: bool = typer.Option(False, "--guaranteed/--best-effort", help="performance guarantee"),
+    as_json: bool = typer.Option(False, "--json", help="print the job as JSON"),
+) -> None:
+    """Submit a training job; prints its id."""
+    jobs.submit(str(script), list(args or []), gpus, batch_size, iters, model, name, deadline, guaranteed, as_json)
+
+
+@app.command("ls")
+def ls(
+    all_jobs: bool = typer.Option(False, "--all", "-a", help="include finished jobs"),
+    as_json: bool = typer.Option(False, "--json", help="print the jobs as JSON"),
+) -> None:
+    """List jobs like squeue: JOBID NAME USER STATE TIME GPUS NODE(REASON)."""
+    jobs.ls(all_jobs, as_json)
+
+
+@app.command()
+def show(
+    job_id: str = typer.Argument(..., help="job id"),
+    as_json: bool = typer.Option(False, "--json", help="print the job as JSON"),
+) -> None:
+    """Everything about one job, with its state history."""
+    jobs.show(job_id, as_json)
+
+
+@app.command()
+def logs(
+    job_id: str = typer.Argument(..., help="job id"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends"),
+    rank: int = typer.Option(0, "--rank", "-r", help="which worker's log"),
+) -> None:
+    """Print a job's log (one file per rank); while it is empty, says so on stderr."""
+    jobs.logs(job_id, follow, rank)
+
+
+@app.command()
+def cancel(job_ids: list[str] = typer.Argument(..., help="job ids")) -> None:
+    """Cancel jobs (running ones get SIGTERM, then SIGKILL after the grace period).
+
+    Exit status: 0 every job was cancelled; 3 a job had already ended (nothing done to it); 1 meshd refused
+    one (e.g. unknown job); 2 usage error or meshd not reachable.
+    """
+    jobs.cancel(job_ids)
+
+
+@app.command()
+def nodes(as_json: bool = typer.Option(False, "--json", help="print the nodes as JSON")) -> None:
+    """Nodes and their GPUs."""
+    jobs.nodes(as_json)
+
+
+@app.command()
+def top(
+    once: bool = typer.Option(False, "--once", help="print one frame and exit"),
+    interval: float = typer.Option(1.0, "--interval", help="seconds between refreshes"),
+    as_json: bool = typer.Option(False, "--json", help="print one frame (nodes and jobs) as JSON and exit"),
+) -> None:
+    """Live view: one line per GPU (gpustat style), one row per job (GPU% is '-' where it is not measured)."""
+    jobs.top(once, interval, as_json)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def daemon(ctx: typer.Context) -> None:
+    """Run meshd in the foreground (same flags as `meshd`, e.g. --fake-gpus 8)."""
+    from meshsched.daemon.main import main as meshd_main
+
+    meshd_main(list(ctx.args))
+
+
+simulate.register(app)
+app.add_typer(profiles.app, name="profiles")

@@ -1,0 +1,26 @@
+"""Shared fixtures: where the raw measurements are (MESHSCHED_DATA), for the profile-fit regressions."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # beside the repository (as in CI)
+
+
+@pytest.fixture(scope="session")
+def raw_data() -> Path:
+    """The folder whose throughputs/ holds Gavel's and Pollux's raw measurements.
+
+    $MESHSCHED_DATA when set (a wrong path fails), else ../shared/data beside the repository; when neither
+    is there the test is skipped with a reason that says how to give the data (pytest -rs prints it)."""
+    given = os.environ.get("MESHSCHED_DATA")
+    path = Path(given).expanduser() if given else DEFAULT_DATA
+    if (path / "throughputs").is_dir():
+        return path
+    if given:
+        pytest.fail(f"MESHSCHED_DATA={given} has no throughputs/ folder", pytrace=False)
+    pytest.skip(f"raw measurements not found at {DEFAULT_DATA}: set MESHSCHED_DATA to a folder whose "
+                "throughputs/ holds Gavel's and Pollux's measurements (sources: profiles/README.md)")
