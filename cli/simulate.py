@@ -11,6 +11,7 @@ from rich.table import Table
 
 from meshsched.cli.output import fail, print_json
 from meshsched.perf import DEFAULT_GPU_TYPE, UnknownProfile, load_perf_model
+from meshsched.perf.loader import OVERHEAD_REGIMES
 from meshsched.policies.registry import POLICIES, UnknownPolicy, make_policy
 
 from meshsched.sim.traces import BUILTIN_TRACES, TraceError, TraceOptions, load_trace
@@ -42,6 +43,7 @@ def simulate_cmd(
     window: str | None = typer.Option(None, help="START:END hours since the trace's first arrival."),
     load: float = typer.Option(1.0, help="Arrival-rate factor: 2 packs arrivals twice as densely."),
     seed: int = typer.Option(1, help="Seed for the model, batch size and deadline of each trace job."),
+    overheads: str = typer.Option("measured", help=f"Load/pause-time regime: {', '.join(OVERHEAD_REGIMES)} (profiles/README.md)."),
     out: Path | None = typer.Option(None, help="Directory for summary.json, summary.csv and jobs-<policy>.csv."),
     plot: bool = typer.Option(False, "--plot", help="Write simulate.png (JCT CDFs, queue length) into --out (or .)."),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
@@ -62,7 +64,10 @@ def simulate_cmd(
             make_policy(n)
     except UnknownPolicy as e:
         fail(str(e))
-    perf = load_perf_model()
+    try:
+        perf = load_perf_model(overheads)
+    except UnknownProfile as e:
+        fail(str(e))
     if gpu_type not in perf.gpu_types:
         fail(f"unknown GPU type {gpu_type!r}; profiled: {', '.join(perf.gpu_types)}")
     try:
