@@ -24,8 +24,9 @@ The three stages of the paper:
                 to the unit cube by the observed range; outcome standardised), its noise level learned by
                 the marginal likelihood, then LogNoisyExpectedImprovement (which needs known noise: the
                 learned level is fixed for it) picks X. The paper maximises EI with L-BFGS from 5 random
-                starts; here EI is evaluated on a grid of X (201 points, 0.5 s apart, 0 included, one batched
-                call), which in one dimension is as good and is deterministic.
+                starts; here EI is evaluated on a grid of X (101 points: whole seconds, 0 included, the
+                resolution of the paper's grid-search baseline) in one batched call: in one dimension as
+                good, deterministic, and cheaper (6-13 ms CPU; 201 points cost 18-29 ms).
   exploitation  once the installed model has been updated with at least 100 observations AND the EI of the
                 X chosen by the acquisition is under 10 %, the stage switches, for good, to returning the X
                 that minimises the GP's posterior mean on the same grid; observations are then ignored (the
@@ -57,6 +58,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +93,7 @@ class DeferralContext:
         )
 
 
-def mean_interarrival(arrivals: list[float] | tuple[float, ...], now: float, window_s: float = 3600.0) -> float:
+def mean_interarrival(arrivals: Sequence[float], now: float, window_s: float = 3600.0) -> float:
     """Mean inter-arrival time over the window before `now`: window / (arrivals in (now - window, now]),
     the window itself when there were none. (Counting arrivals rather than averaging the gaps between the
     first and last one does not break down with one or two arrivals.)"""
@@ -142,7 +144,7 @@ class OptimizerConfig:
     min_updates: int = 100  # acquisition lasts at least this many GP updates (observations in the model) ...
     ei_stop: float = 0.10  # ... and until the chosen X's EI is below this fraction of the objective's std
     refit_every: int = 5  # k: refit after this many new observations (the paper refits after each, k = 1)
-    grid_points: int = 201  # X grid for the acquisition and the exploitation (0.5 s apart on [0, 100])
+    grid_points: int = 101  # X grid for the acquisition and the exploitation (whole seconds on [0, 100])
     num_fantasies: int = 20  # LogNoisyExpectedImprovement's fantasy models (botorch's default)
 
     def __post_init__(self) -> None:
@@ -164,6 +166,17 @@ class Suggestion:
     x: float
     stage: Stage
     ei_ratio: float | None = None  # acquisition: the chosen X's EI / std of the observed objective
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerState:
+    """Everything a DeferralOptimizer remembers, for engine state / a journal: the model itself is a pure
+    function of the first `fitted_observations` observations, so `DeferralOptimizer.restore` refits it."""
+
+    observations: tuple[Observation, ...]
+    fitted_observations: int  # 0: no model installed
+    bootstrap_issued: int
+    exploiting: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +313,23 @@ class DeferralOptimizer:
         self._fitted: FittedModel | None = None
         self._bootstrap_issued = 0
         self._exploiting = False
+
+    def state(self) -> OptimizerState:
+        fitted = self._fitted
+        return OptimizerState(
+            tuple(self._observations), 0 if fitted is None else fitted.n_observations, self._bootstrap_issued, self._exploiting
+        )
+
+    @classmethod
+    def restore(cls, config: OptimizerConfig, state: OptimizerState) -> DeferralOptimizer:
+        """The optimiser `state` was taken from (same config), its model refitted here (synchronously)."""
+        opt = cls(config)
+        opt._observations = list(state.observations)
+        opt._bootstrap_issued = state.bootstrap_issued
+        opt._exploiting = state.exploiting
+        if state.fitted_observations:
+            opt._fitted = fit_model(FitRequest(config, state.observations[: state.fitted_observations]))
+        return opt
 
     @property
     def stage(self) -> Stage:
