@@ -12,7 +12,10 @@ thrown away by a futile preemption (Eq. 2). If, after the decision at t0, a job 
 than j_new arrives at t0 + D while j_new would still be pausing its victims or loading (D <= p + l, with
 p = the largest pause time of J_r and l = j_new's load time), then F = D: deferring until that job arrives
 lets the orchestrator choose it instead of loading j_new in vain. If no such job arrives within p + l, nothing
-is wasted by preempting at once and F = 0. F is capped at the upper bound h = 100 s. Because F is random
+is wasted by preempting at once and F = 0. F is capped at the upper bound h = 100 s. (Eq. 2 writes the window
+as p < D <= p + l, an arrival during j_new's load; an arrival during the pause, D <= p, counts too, because
+j_new's load then starts anyway and the newcomer throws it away. A deferral longer than F costs |X - F| of
+waiting; one shorter than a positive F lets the load be wasted: the objective charges both.) Because F is random
 given c (arrivals are), the GP's mean of |X - F| is lowest at the conditional median of F: that is the X the
 exploitation stage returns.
 
@@ -106,7 +109,8 @@ def ideal_deferral(
 ) -> float:
     """F of Lazer Eq. 4, in hindsight (see the module docstring): the delay, after the decision, at which the
     next job with a shorter remaining time than j_new arrived, when that was within the pause + load window
-    (it would have made j_new's load futile); 0 when it came later or never (None). Capped at `high_s`."""
+    (it would have made j_new's load futile); 0 when it came later or never (None). Capped at `high_s`.
+    Known at t0 + D for such an arrival, else at t0 + p + l, whatever X was: observe then."""
     d = shorter_arrival_after_s
     if d is None or d > max_pause_s + load_s:
         return 0.0
