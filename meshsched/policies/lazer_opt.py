@@ -237,13 +237,6 @@ class FittedModel:
             mean = self.model.posterior(self._inputs(context)).mean.squeeze(-1)
         return float(self.grid[int(torch.argmin(mean))])
 
-    def mean(self, context: DeferralContext) -> list[float]:
-        """The posterior mean of f(X | c) on the grid (for plots and tests)."""
-        import torch
-
-        with torch.no_grad():
-            return self.model.posterior(self._inputs(context)).mean.squeeze(-1).tolist()
-
 
 def _fit_seed(config: OptimizerConfig, n: int) -> int:
     return int(np.random.SeedSequence([config.seed, n]).generate_state(1)[0])
