@@ -10,6 +10,7 @@ import typer
 
 from meshsched.cli.output import fail, print_json
 from meshsched.perf import DEFAULT_GPU_TYPE, UnknownProfile, load_perf_model
+from meshsched.perf.loader import OVERHEAD_REGIMES
 from meshsched.policies.registry import POLICIES, UnknownPolicy, make_policy
 
 from meshsched.sim.traces import BUILTIN_TRACES, TraceError, TraceOptions, load_trace
@@ -45,6 +46,7 @@ def simulate_cmd(
     window: str | None = typer.Option(None, help="START:END hours since the trace's first arrival."),
     load: float = typer.Option(1.0, help="Arrival-rate factor: 2 packs arrivals twice as densely."),
     seed: int = typer.Option(1, help="Seed for the model, batch size and deadline of each trace job."),
+    overheads: str = typer.Option("measured", help=f"Load/pause-time regime: {', '.join(OVERHEAD_REGIMES)} (profiles/README.md)."),
     out: Path | None = typer.Option(None, help="Directory for summary.json, summary.csv and jobs-<policy>.csv."),
     plot: bool = typer.Option(False, "--plot", help="Write simulate.png (JCT CDFs, queue length) into --out (or .)."),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
@@ -64,7 +66,14 @@ def simulate_cmd(
             make_policy(n)
     except UnknownPolicy as e:
         fail(str(e))
-    perf = load_perf_model()
+    try:
+        perf = load_perf_model(overheads)
+    except UnknownProfile as e:
+        fail(str(e))
+    from meshsched.perf.loader import load_interference
+    from meshsched.policies.stack import PolicyHandle
+
+    handle = PolicyHandle(perf, load_interference(), seed)  # the policies see the regime the replay runs in
     cluster = None
     if cluster_text is not None:
         try:
@@ -106,7 +115,7 @@ def simulate_cmd(
             task = bar.add_task(name, total=len(tr.jobs))
             t0 = time.perf_counter()
             r = simulate(
-                tr.jobs, make_policy(name), perf, cluster,
+                tr.jobs, make_policy(name, handle), perf, cluster,
                 progress=lambda n, task=task: bar.update(task, completed=n),
             )  # fmt: skip
             wall = time.perf_counter() - t0
@@ -131,7 +140,7 @@ def simulate_cmd(
                 "trace": tr.name, "jobs": len(tr.jobs), "seed": seed, "load": load,
                 "cluster": [{"nodes": g.nodes, "gpus_per_node": g.gpus_per_node, "gpu_type": g.gpu_type}
                             for g in cluster.groups],
-                "warnings": warnings, "out": str(out) if out is not None else None,
+                "overheads": overheads, "warnings": warnings, "out": str(out) if out is not None else None,
                 "policies": [dict(summary_dict(s), sim_seconds=round(w, 2)) for s, w in summaries],
             }
         )  # fmt: skip

@@ -8,6 +8,7 @@ from importlib.resources import files
 from importlib.resources.abc import Traversable
 from typing import Any
 
+from meshsched.perf.errors import UnknownProfile
 from meshsched.perf.model import PerfModel
 from meshsched.perf.schema import colocation_from_json, model_profiles_from_json, overheads_from_json
 
@@ -16,8 +17,16 @@ def _read(entry: Traversable) -> Any:
     return json.loads(entry.read_text(encoding="utf-8"))
 
 
-def perf_model_from(root: Traversable) -> PerfModel:
-    """Build a PerfModel from a folder of profile files (the package folder, or a freshly fitted one)."""
+# Load/pause regimes (Lazer's l and p), by name: the file in profiles/ that holds each (see profiles/README.md).
+OVERHEAD_REGIMES = {
+    "measured": "overheads.json",  # derived from our models' checkpoint sizes: loads 20-30 s, pauses 5-15 s
+    "lazer": "overheads_lazer.json",  # scaled to Lazer's figures (section 3.2): loads ~2 min, pauses ~8 s
+}
+
+
+def perf_model_from(root: Traversable, overheads: str = "measured") -> PerfModel:
+    """Build a PerfModel from a folder of profile files (the package folder, or a freshly fitted one), with the
+    load/pause regime `overheads` (a key of OVERHEAD_REGIMES)."""
     entries = sorted((e for e in root.iterdir() if e.name.endswith(".json")), key=lambda e: e.name)
     profiles, pairs = [], []
     for e in entries:
@@ -26,15 +35,22 @@ def perf_model_from(root: Traversable) -> PerfModel:
         elif e.name.startswith("colocation_"):
             doc = _read(e)
             pairs.extend((doc["gpu_type"], p) for p in colocation_from_json(doc))
-    overheads = overheads_from_json(_read(root / "overheads.json"))
     memory = {gpu: int(v["memory_mb"]) for gpu, v in _read(root / "gpus.json")["gpus"].items()}
-    return PerfModel(profiles, pairs, overheads, memory)
+    return PerfModel(profiles, pairs, overheads_from_json(_read(root / _regime_file(overheads))), memory)
+
+
+def _regime_file(name: str) -> str:
+    file = OVERHEAD_REGIMES.get(name)
+    if file is None:
+        raise UnknownProfile(f"unknown overhead regime {name!r}", OVERHEAD_REGIMES)
+    return file
 
 
 @cache
-def load_perf_model() -> PerfModel:
-    """The PerfModel of the profiles installed with meshsched (read once per process)."""
-    return perf_model_from(files("meshsched.profiles"))
+def load_perf_model(overheads: str = "measured") -> PerfModel:
+    """The PerfModel of the profiles installed with meshsched (read once per process and regime), with the
+    load/pause regime `overheads`: "measured" (profiles/overheads.json) or "lazer" (overheads_lazer.json)."""
+    return perf_model_from(files("meshsched.profiles"), overheads)
 
 
 IR_MODEL_FILE = "ir_model.json"

@@ -1,0 +1,395 @@
+"""Lazer's deferral predictor (Lazer section 4.2): Bayesian optimisation of how long to defer a preemption.
+
+When a new job j_new could preempt the jobs J_r (Algorithm 2), Lazer defers the preemption by X seconds,
+X in [0, 100]. The context of the decision is Eq. 5:
+
+    c = (mean inter-arrival time over the past hour, remaining time of j_new, load time of j_new,
+         largest pause-and-save time among J_r)                                      -> DeferralContext
+
+and the objective (Eq. 4), minimised, is f(X | c) = |X - F| with F the *ideal deferral*, known only after the
+fact (see `ideal_deferral`): F is how long the scheduler should have waited so that j_new's load would not be
+thrown away by a futile preemption (Eq. 2). If, after the decision at t0, a job with a shorter remaining time
+than j_new arrives at t0 + D while j_new would still be pausing its victims or loading (D <= p + l, with
+p = the largest pause time of J_r and l = j_new's load time), then F = D: deferring until that job arrives
+lets the orchestrator choose it instead of loading j_new in vain. If no such job arrives within p + l, nothing
+is wasted by preempting at once and F = 0. F is capped at the upper bound h = 100 s. (Eq. 2 writes the window
+as p < D <= p + l, an arrival during j_new's load; an arrival during the pause, D <= p, counts too, because
+j_new's load then starts anyway and the newcomer throws it away. A deferral longer than F costs |X - F| of
+waiting; one shorter than a positive F lets the load be wasted: the objective charges both.) Because F is random
+given c (arrivals are), the GP's mean of |X - F| is lowest at the conditional median of F: that is the X the
+exploitation stage returns.
+
+The three stages of the paper:
+  bootstrap     the first M = 10 suggestions come from a seeded Latin hypercube over [0, 100] (one point in
+                each tenth, in random order); no model exists yet. If more suggestions are asked for before
+                the first model is installed, further seeded Latin-hypercube blocks follow.
+  acquisition   a BoTorch SingleTaskGP over (X, c) (inputs: X and log1p of each context variable, normalised
+                to the unit cube by the observed range; outcome standardised), its noise level learned by
+                the marginal likelihood, then LogNoisyExpectedImprovement (which needs known noise: the
+                learned level is fixed for it) picks X. The paper maximises EI with L-BFGS from 5 random
+                starts; here EI is evaluated on a grid of X (101 points: whole seconds, 0 included, the
+                resolution of the paper's grid-search baseline) in one batched call: in one dimension as
+                good, deterministic, and cheaper (6-13 ms CPU; 201 points cost 18-29 ms).
+  exploitation  once the installed model has been updated with at least 100 observations AND the EI of the
+                X chosen by the acquisition is under 10 %, the stage switches, for good, to returning the X
+                that minimises the GP's posterior mean on the same grid; observations are then ignored (the
+                paper stops updating the GP). "EI under 10 %" is precise: the expected improvement of the
+                chosen X, in seconds, is below 10 % of the standard deviation of the observed objective
+                values (the scale the outcome was standardised by), i.e. below 0.1 in the GP's outcome units.
+
+Amortised and off the event loop: a model is fitted first when M observations exist, then again after every
+`refit_every` new observations; between fits suggestions use the last installed model. The expensive part is
+a pure function, `fit_model(FitRequest) -> FittedModel`, of a frozen snapshot of the observations, so meshd
+can run it in an executor while `suggest` goes on with the installed model, then `install` the result.
+
+Determinism: the same config (seed included), the same sequence of suggest/observe/install calls and the
+same observations give bit-identical suggestions, on the same machine with the same library versions (tested:
+two replays; a FittedModel pickled to another process and back). `fit_model` draws its random numbers
+(LogNEI's Sobol fantasies, retries of the hyper-parameter fit) from torch's generator reseeded from (seed,
+number of observations) inside `torch.random.fork_rng`, so a fit does not depend on when it runs; `suggest`
+draws none. One caveat for meshd: gpytorch's settings (fast_pred_var, debug, detach_test_caches) are
+process-wide flags that botorch enters and leaves around every posterior, so a fit in a *thread* overlapping
+suggest() can differ from a sequential fit in the last bits (same chosen X in the tests); a ProcessPoolExecutor
+keeps it bit-identical. Use one torch intra-op thread (torch.set_num_threads(1)) for this work: at a few
+hundred points threads do not help, and on a busy 2-core machine two OpenMP threads cost ~8x the CPU.
+
+Pure: no I/O, no clock, no threads. botorch is imported inside the functions that need it, so importing this
+module is fast.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+LOW_S = 0.0  # Lazer section 4.2: l = 0 allows immediate preemption
+HIGH_S = 100.0  # ... h = 100 s
+
+
+@dataclass(frozen=True, slots=True)
+class DeferralContext:
+    """c of Lazer Eq. 5, all in seconds."""
+
+    mean_interarrival_s: float  # mean inter-arrival time over the past hour (`mean_interarrival`)
+    remaining_s: float  # j_new's remaining (estimated) duration
+    load_s: float  # j_new's load time
+    max_pause_s: float  # the largest pause-and-save time among the jobs to preempt
+
+    def __post_init__(self) -> None:
+        for name in ("mean_interarrival_s", "remaining_s", "load_s", "max_pause_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0.0):
+                raise ValueError(f"DeferralContext.{name} must be finite and >= 0, got {v!r}")
+
+    def features(self) -> tuple[float, float, float, float]:
+        """What the GP sees: log1p of each variable (they span seconds to weeks)."""
+        return (
+            math.log1p(self.mean_interarrival_s),
+            math.log1p(self.remaining_s),
+            math.log1p(self.load_s),
+            math.log1p(self.max_pause_s),
+        )
+
+
+def mean_interarrival(arrivals: Sequence[float], now: float, window_s: float = 3600.0) -> float:
+    """Mean inter-arrival time over the window before `now`: window / (arrivals in (now - window, now]),
+    the window itself when there were none. (Counting arrivals rather than averaging the gaps between the
+    first and last one does not break down with one or two arrivals.)"""
+    n = sum(1 for t in arrivals if now - window_s < t <= now)
+    return window_s / max(n, 1)
+
+
+def ideal_deferral(
+    shorter_arrival_after_s: float | None, max_pause_s: float, load_s: float, high_s: float = HIGH_S
+) -> float:
+    """F of Lazer Eq. 4, in hindsight (see the module docstring): the delay, after the decision, at which the
+    next job with a shorter remaining time than j_new arrived, when that was within the pause + load window
+    (it would have made j_new's load futile); 0 when it came later or never (None). Capped at `high_s`.
+    Known at t0 + D for such an arrival, else at t0 + p + l, whatever X was: observe then."""
+    d = shorter_arrival_after_s
+    if d is None or d > max_pause_s + load_s:
+        return 0.0
+    if d < 0.0:
+        raise ValueError(f"the shorter job arrived before the decision ({d} s)")
+    return min(d, high_s)
+
+
+def objective(x: float, ideal: float) -> float:
+    """f(X | c) = |X - F| (Lazer Eq. 4)."""
+    return abs(x - ideal)
+
+
+def latin_hypercube(n: int, low: float, high: float, seed: int | tuple[int, ...]) -> tuple[float, ...]:
+    """n points in [low, high]: one uniformly drawn in each of n equal intervals, in a seeded random order."""
+    rng = np.random.default_rng(seed)
+    strata = rng.permutation(n)
+    offsets = rng.random(n)
+    width = (high - low) / n
+    return tuple(float(low + (s + u) * width) for s, u in zip(strata, offsets, strict=True))
+
+
+class Stage(enum.Enum):
+    BOOTSTRAP = "bootstrap"
+    ACQUISITION = "acquisition"
+    EXPLOITATION = "exploitation"
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerConfig:
+    seed: int = 0
+    low_s: float = LOW_S
+    high_s: float = HIGH_S
+    bootstrap: int = 10  # M, Latin-hypercube points before the first model (Lazer footnote 2)
+    min_updates: int = 100  # acquisition lasts at least this many GP updates (observations in the model) ...
+    ei_stop: float = 0.10  # ... and until the chosen X's EI is below this fraction of the objective's std
+    refit_every: int = 5  # k: refit after this many new observations (the paper refits after each, k = 1)
+    grid_points: int = 101  # X grid for the acquisition and the exploitation (whole seconds on [0, 100])
+    num_fantasies: int = 20  # LogNoisyExpectedImprovement's fantasy models (botorch's default)
+
+    def __post_init__(self) -> None:
+        if not (self.low_s < self.high_s):
+            raise ValueError(f"need low_s < high_s, got {self.low_s}, {self.high_s}")
+        if self.bootstrap < 2 or self.refit_every < 1 or self.grid_points < 2 or self.num_fantasies < 1:
+            raise ValueError("need bootstrap >= 2, refit_every >= 1, grid_points >= 2, num_fantasies >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    context: DeferralContext
+    x: float  # the deferral that was used
+    f: float  # the objective observed for it, |x - F|
+
+
+@dataclass(frozen=True, slots=True)
+class Suggestion:
+    x: float
+    stage: Stage
+    ei_ratio: float | None = None  # acquisition: the chosen X's EI / std of the observed objective
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerState:
+    """Everything a DeferralOptimizer remembers, for engine state / a journal: the model itself is a pure
+    function of the first `fitted_observations` observations, so `DeferralOptimizer.restore` refits it."""
+
+    observations: tuple[Observation, ...]
+    fitted_observations: int  # 0: no model installed
+    bootstrap_issued: int
+    exploiting: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FitRequest:
+    """A frozen snapshot of what a fit needs: hand it to `fit_model`, in an executor if you like."""
+
+    config: OptimizerConfig
+    observations: tuple[Observation, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class FittedModel:
+    """A fitted GP and its acquisition function (torch objects; use from one thread at a time)."""
+
+    n_observations: int
+    model: Any  # botorch SingleTaskGP with fixed (learned) noise
+    acquisition: Any  # botorch LogNoisyExpectedImprovement, minimising
+    y_std: float  # the standardisation scale of the objective (seconds)
+    grid: Any = field(repr=False)  # (grid_points,) tensor of X values
+
+    def _inputs(self, context: DeferralContext):
+        import torch
+
+        c = torch.tensor(context.features(), dtype=self.grid.dtype)
+        return torch.cat([self.grid.unsqueeze(-1), c.expand(self.grid.shape[0], 4)], dim=-1)
+
+    def best_ei(self, context: DeferralContext) -> tuple[float, float]:
+        """(X with the highest expected improvement on the grid, that EI / y_std).
+
+        The same value as `acquisition(grid.unsqueeze(-2))` (LogNoisyExpectedImprovement.forward), computed
+        from one posterior call of the fantasy models over the whole grid: the forward's (grid x fantasies)
+        batch of one-point posteriors materialises a copy of the covariance root per grid point (~25x
+        slower at 200 observations). tests/test_lazer_opt.py checks the two agree.
+        """
+        import torch
+        from botorch.acquisition.analytic import _log_ei_helper, _scaled_improvement
+        from botorch.utils.safe_math import logmeanexp
+
+        acq = self.acquisition
+        with torch.no_grad():
+            post = acq.model.posterior(self._inputs(context))  # batch of fantasies x grid
+            mean = post.mean.squeeze(-1).T  # grid x fantasies
+            sigma = post.variance.clamp_min(1e-12).sqrt().squeeze(-1).T
+            u = _scaled_improvement(mean, sigma, acq.best_f, acq.maximize)
+            log_ei = logmeanexp(_log_ei_helper(u) + sigma.log(), dim=-1)
+        i = int(torch.argmax(log_ei))
+        return float(self.grid[i]), math.exp(float(log_ei[i])) / self.y_std
+
+    def mean_argmin(self, context: DeferralContext) -> float:
+        """X with the lowest posterior mean of f(X | c) on the grid."""
+        import torch
+
+        with torch.no_grad():
+            mean = self.model.posterior(self._inputs(context)).mean.squeeze(-1)
+        return float(self.grid[int(torch.argmin(mean))])
+
+
+def _fit_seed(config: OptimizerConfig, n: int) -> int:
+    return int(np.random.SeedSequence([config.seed, n]).generate_state(1)[0])
+
+
+def fit_model(request: FitRequest) -> FittedModel:
+    """Fit the GP and build its acquisition function: a pure function of `request` (seconds of CPU)."""
+    import torch
+    from botorch.acquisition.analytic import LogNoisyExpectedImprovement
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+    from botorch.models.transforms.input import Normalize
+    from botorch.models.transforms.outcome import Standardize
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    cfg, obs = request.config, request.observations
+    if len(obs) < 2:
+        raise ValueError(f"a fit needs at least 2 observations, got {len(obs)}")
+    dt = torch.float64
+    train_x = torch.tensor([(o.x, *o.context.features()) for o in obs], dtype=dt)
+    train_y = torch.tensor([[o.f] for o in obs], dtype=dt)
+    lo, hi = train_x.min(dim=0).values, train_x.max(dim=0).values
+    lo[0], hi[0] = cfg.low_s, cfg.high_s
+    hi = torch.where(hi - lo < 1e-9, lo + 1.0, hi)  # a constant context variable: any unit range
+    bounds = torch.stack([lo, hi])
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_fit_seed(cfg, len(obs)))
+        learned = SingleTaskGP(
+            train_x, train_y, input_transform=Normalize(5, bounds=bounds), outcome_transform=Standardize(1)
+        )
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(learned.likelihood, learned))
+        y_std = float(learned.outcome_transform.stdvs.squeeze())
+        noise = learned.likelihood.noise.detach().reshape(()) * y_std**2  # back to seconds^2
+        model = SingleTaskGP(  # the same GP with its noise level fixed: what LogNEI's fantasies need
+            train_x,
+            train_y,
+            train_Yvar=noise.expand_as(train_y).clone(),
+            covar_module=learned.covar_module,
+            mean_module=learned.mean_module,
+            input_transform=Normalize(5, bounds=bounds),
+            outcome_transform=Standardize(1),
+        )
+        model.eval()
+        acquisition = LogNoisyExpectedImprovement(
+            model, train_x, num_fantasies=cfg.num_fantasies, maximize=False
+        )
+    grid = torch.linspace(cfg.low_s, cfg.high_s, cfg.grid_points, dtype=dt)
+    fitted = FittedModel(len(obs), model, acquisition, y_std, grid)
+    probe = obs[-1].context
+    fitted.best_ei(probe)  # build the posterior caches here, not in the first suggest
+    fitted.mean_argmin(probe)
+    return fitted
+
+
+class DeferralOptimizer:
+    """The deferral predictor's state: observations, the installed model and the stage.
+
+    Typical use (the simulator; meshd runs `fit_model(opt.fit_request())` in an executor instead):
+
+        x = opt.suggest(ctx)             # defer the preemption by x seconds
+        ...                              # later, when F is known:
+        opt.observe(ctx, x, objective(x, F))
+        if opt.needs_fit():
+            opt.install(opt.fit())
+    """
+
+    def __init__(self, config: OptimizerConfig | None = None) -> None:
+        self.config = config or OptimizerConfig()
+        self._observations: list[Observation] = []
+        self._fitted: FittedModel | None = None
+        self._bootstrap_issued = 0
+        self._exploiting = False
+
+    def state(self) -> OptimizerState:
+        fitted = self._fitted
+        return OptimizerState(
+            tuple(self._observations), 0 if fitted is None else fitted.n_observations, self._bootstrap_issued, self._exploiting
+        )
+
+    @classmethod
+    def restore(cls, config: OptimizerConfig, state: OptimizerState) -> DeferralOptimizer:
+        """The optimiser `state` was taken from (same config), its model refitted here (synchronously)."""
+        opt = cls(config)
+        opt._observations = list(state.observations)
+        opt._bootstrap_issued = state.bootstrap_issued
+        opt._exploiting = state.exploiting
+        if state.fitted_observations:
+            opt._fitted = fit_model(FitRequest(config, state.observations[: state.fitted_observations]))
+        return opt
+
+    @property
+    def stage(self) -> Stage:
+        if self._exploiting:
+            return Stage.EXPLOITATION
+        return Stage.BOOTSTRAP if self._fitted is None else Stage.ACQUISITION
+
+    @property
+    def observations(self) -> tuple[Observation, ...]:
+        return tuple(self._observations)
+
+    @property
+    def fitted(self) -> FittedModel | None:
+        return self._fitted
+
+    def suggest(self, context: DeferralContext) -> float:
+        """The deferral X in [low_s, high_s] for this context (cheap: uses the installed model)."""
+        return self.decide(context).x
+
+    def decide(self, context: DeferralContext) -> Suggestion:
+        """`suggest`, with the stage that produced X and the EI it had (for the decision log)."""
+        fitted = self._fitted
+        if fitted is None:
+            cfg = self.config
+            block, i = divmod(self._bootstrap_issued, cfg.bootstrap)
+            self._bootstrap_issued += 1
+            return Suggestion(latin_hypercube(cfg.bootstrap, cfg.low_s, cfg.high_s, (cfg.seed, block))[i], Stage.BOOTSTRAP)
+        if self._exploiting:
+            return Suggestion(fitted.mean_argmin(context), Stage.EXPLOITATION)
+        x, ei_ratio = fitted.best_ei(context)
+        if fitted.n_observations >= self.config.min_updates and ei_ratio < self.config.ei_stop:
+            self._exploiting = True
+            return Suggestion(fitted.mean_argmin(context), Stage.EXPLOITATION, ei_ratio)
+        return Suggestion(x, Stage.ACQUISITION, ei_ratio)
+
+    def observe(self, context: DeferralContext, x: float, f: float) -> bool:
+        """Record f(x | context); False (ignored) in the exploitation stage, where the GP is no longer updated."""
+        if self._exploiting:
+            return False
+        if not (math.isfinite(x) and math.isfinite(f) and f >= 0.0):
+            raise ValueError(f"need finite x and f >= 0, got x={x!r}, f={f!r}")
+        self._observations.append(Observation(context, float(x), float(f)))
+        return True
+
+    def needs_fit(self) -> bool:
+        """True when a (re)fit is due: M observations for the first, then `refit_every` new ones."""
+        if self._exploiting:
+            return False
+        n = len(self._observations)
+        if self._fitted is None:
+            return n >= self.config.bootstrap
+        return n - self._fitted.n_observations >= self.config.refit_every
+
+    def fit_request(self) -> FitRequest:
+        return FitRequest(self.config, tuple(self._observations))
+
+    def fit(self) -> FittedModel:
+        """`fit_model(self.fit_request())`, synchronously."""
+        return fit_model(self.fit_request())
+
+    def install(self, fitted: FittedModel) -> bool:
+        """Use `fitted` from now on; False (ignored) if it is older than the installed model."""
+        if self._fitted is not None and fitted.n_observations <= self._fitted.n_observations:
+            return False
+        self._fitted = fitted
+        return True
