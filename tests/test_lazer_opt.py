@@ -23,7 +23,7 @@ from meshsched.policies.lazer_opt import (
     objective,
 )
 
-pytest.importorskip("botorch")
+import botorch  # noqa: E402,F401  (a runtime dependency: missing means broken, not skipped)
 
 
 @pytest.fixture(scope="module", autouse=True)
