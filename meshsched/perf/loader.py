@@ -75,3 +75,17 @@ def load_interference():
     from meshsched.perf.interference import Interference
 
     return Interference(load_perf_model(), ir_predictor_from(files("meshsched.profiles")))
+
+
+@cache
+def load_plan_catalog(gpu_type: str = "a800"):
+    """Execution-plan profiles (Rubick): fitted plan-model parameters and measured plans, from plans_<gpu>.json."""
+    from meshsched.perf.errors import UnknownProfile
+    from meshsched.perf.plans import catalog_from_json
+
+    root = files("meshsched.profiles")
+    entry = root / f"plans_{gpu_type}.json"
+    if not entry.is_file():
+        known = [e.name[len("plans_") : -len(".json")] for e in root.iterdir() if e.name.startswith("plans_")]
+        raise UnknownProfile(f"no plan profiles for GPU type {gpu_type!r}", known)
+    return catalog_from_json(_read(entry))
