@@ -67,17 +67,30 @@ def fit_plan_params(spec: ModelSpec, env: Environment, rows: Sequence[PlanMeasur
 
 
 def sample_fit_rows(rows: Sequence[PlanMeasurement], n: int, seed: int) -> list[int]:
-    """Indices of `n` rows to fit on: one from each plan family first (so that every term is seen, as the
-    paper samples "different resource allocations and execution plans"), then the rest at random; seeded."""
+    """Indices of `n` rows to fit on, seeded: plan families in turn (so that every term is seen, as the paper
+    samples "different resource allocations and execution plans"), and within a family a random row whose
+    GPU count that family has not had yet while there is one (so that each family's scaling is seen)."""
     if n > len(rows):
         raise ValueError(f"asked for {n} fit points but only {len(rows)} measurements exist")
     rng = random.Random(seed)
     by_family: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         by_family.setdefault(r.family, []).append(i)
-    chosen = [rng.choice(by_family[f]) for f in sorted(by_family)][:n]
-    rest = [i for i in range(len(rows)) if i not in set(chosen)]
-    chosen += rng.sample(rest, n - len(chosen))
+    families = sorted(by_family)
+    rng.shuffle(families)
+    chosen: list[int] = []
+    seen_gpus: dict[str, set[int]] = {f: set() for f in families}
+    turn = 0
+    while len(chosen) < n:
+        fam = families[turn % len(families)]
+        turn += 1
+        left = [i for i in by_family[fam] if i not in chosen]
+        if not left:
+            continue
+        fresh = [i for i in left if rows[i].resources.gpus not in seen_gpus[fam]]
+        pick = rng.choice(fresh or left)
+        chosen.append(pick)
+        seen_gpus[fam].add(rows[pick].resources.gpus)
     return sorted(chosen)
 
 

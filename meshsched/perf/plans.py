@@ -19,15 +19,17 @@ GPUs, P parameters, global batch B, m = B/(d*a) samples per micro-batch, in seco
   T_pp   = 2 * bubble * (B/d) * s*h * 2 B / t / bw            activations and their gradients between stages
   T_opt  = k_opt * P[1e9] / (t*p) (/ d under ZeRO)           the optimizer step on GPU
   T_off  = (T_cpu^k_off + T_pcie^k_off)^(1/k_off) with T_cpu = k_opt_off * P[1e9]/(t*p*d) / threads per GPU,
-           T_pcie = 4 B * P/(t*p*d) / bw_pcie                ZeRO-Offload: CPU Adam and the PCIe copies
+           T_pcie = 4 B * P/(t*p*d) * q / bw_host            ZeRO-Offload: CPU Adam and the host copies
+           (q = the job's most GPUs on one node: they share that node's host link)
   T_iter = bubble * (T_fwd + T_re + T_tp) + T_sync' + T_pp + (T_off or T_opt) + k_const * (a + p - 1)
 
 k_const is a fixed cost per pipeline step (kernel launches, synchronisation): a micro-batches through p
 stages take a + p - 1 steps, so GA and PP are not free.
-AR(S) is a hierarchical ring all-reduce of S bytes over the slowest group of that kind: 2(n-1)/n * S over the
-inter-node link for a group spanning n nodes plus 2(q-1)/q * S over NVLink for its q ranks on one node.
-Bandwidths are environment constants (Sec. 4.1: measured, not fitted). Ranks are laid out as Megatron does
-(TP fastest, then DP, then PP) over the placement's nodes in order.
+AR(S) is a hierarchical all-reduce of S bytes over the slowest group of that kind: 2(q-1)/q * S over NVLink
+for its q ranks on one node, plus 2 * S through the NICs of its worst node when it spans nodes (a node with
+g of the job's GPUs has ceil(g / gpus_per_nic) NICs, shared by its groups). Bandwidths are environment
+constants (Sec. 4.1: measured, not fitted). Ranks are laid out as Megatron does (TP fastest, then DP, then
+PP) over the placement's nodes in order.
 """
 
 from __future__ import annotations
@@ -131,12 +133,13 @@ class ModelSpec:
 
 @dataclass(frozen=True, slots=True)
 class Environment:
-    """Cluster constants (measured per cluster, not fitted): link bandwidths in GB/s and GPU memory in GB."""
+    """Cluster constants (measured per cluster, not fitted): effective bandwidths in GB/s, GPU memory in GB."""
 
-    nvlink_gbs: float
-    internode_gbs: float
-    pcie_gbs: float
+    nvlink_gbs: float  # collective bandwidth among the GPUs of one node
+    internode_gbs: float  # one NIC
+    pcie_gbs: float  # one node's host link (GPU <-> CPU memory), shared by its GPUs
     gpu_memory_gb: float
+    gpus_per_nic: int = 2
     memory_overhead_gb: float = 2.0  # CUDA context, workspaces, allocator slack per GPU
 
 
@@ -225,22 +228,27 @@ def _overlap(a: float, b: float, k: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class GroupSpan:
-    """The worst group of one kind (TP, DP or PP): nodes it spans and most of its ranks on one node."""
+    """The slowest group of one kind (TP, DP or PP): nodes it spans, the inter-node bandwidth it gets (GB/s, on
+    its worst node) and the most of its ranks on one node."""
 
     nodes: int
+    internode_gbs: float
     per_node: int
 
     def allreduce_s(self, size_bytes: float, env: Environment) -> float:
-        """Ring all-reduce of `size_bytes`, hierarchical across nodes: 2(n-1)/n over the inter-node link plus
-        2(q-1)/q over NVLink among a node's q ranks."""
-        inter = 2 * (self.nodes - 1) / self.nodes * size_bytes / (env.internode_gbs * GB)
+        """All-reduce of `size_bytes`: 2(q-1)/q * S over NVLink among a node's q ranks, plus, across nodes,
+        2 * S through the group's share of its worst node's NICs (hierarchical/tree: every node sends and
+        receives the buffer once, whatever the node count)."""
         intra = 2 * (self.per_node - 1) / self.per_node * size_bytes / (env.nvlink_gbs * GB)
-        return inter + intra
+        inter = 2 * size_bytes / (self.internode_gbs * GB) if self.nodes > 1 else 0.0
+        return intra + inter
 
 
-def group_spans(plan: ExecutionPlan, placement: tuple[int, ...]) -> tuple[GroupSpan, GroupSpan, GroupSpan]:
-    """(TP, DP, PP) worst-group spans. Ranks fill the placement's nodes in order, laid out as Megatron does:
-    rank r has tp rank r % t, dp rank (r // t) % d, pp rank r // (t*d)."""
+def group_spans(plan: ExecutionPlan, placement: tuple[int, ...], env: Environment) -> tuple[GroupSpan, GroupSpan, GroupSpan]:
+    """(TP, DP, PP) slowest-group spans. Ranks fill the placement's nodes in order, laid out as Megatron does:
+    rank r has tp rank r % t, dp rank (r // t) % d, pp rank r // (t*d). A node with q of the job's GPUs has
+    ceil(q / gpus_per_nic) NICs for it, shared by its groups in proportion to their ranks there; a group's
+    inter-node bandwidth is that of its worst node (Sec. 4.1: the lowest bandwidth among the GPUs involved)."""
     d, t, p = plan.dp, plan.tp, plan.pp
     node_of = [n for n, g in enumerate(placement) for _ in range(g)]
     rank = lambda s, j, i: s * t * d + j * t + i  # noqa: E731
@@ -253,9 +261,12 @@ def group_spans(plan: ExecutionPlan, placement: tuple[int, ...]) -> tuple[GroupS
     for groups in kinds:
         spans = []
         for g in groups:
-            nodes = [node_of[r] for r in g]
-            spans.append(GroupSpan(len(set(nodes)), max(nodes.count(n) for n in set(nodes))))
-        out.append(max(spans, key=lambda x: (x.nodes, x.per_node)))
+            on_node = {n: sum(1 for r in g if node_of[r] == n) for n in {node_of[r] for r in g}}
+            bw = min(
+                env.internode_gbs * -(-placement[n] // env.gpus_per_nic) * q / placement[n] for n, q in on_node.items()
+            )
+            spans.append(GroupSpan(len(on_node), bw, max(on_node.values())))
+        out.append(max(spans, key=lambda x: (x.nodes > 1, -x.internode_gbs, x.per_node)))
     return out[0], out[1], out[2]
 
 
@@ -278,7 +289,7 @@ def iteration_terms(profile: PlanProfile, plan: ExecutionPlan, res: Resources, e
     d, t, p, a = plan.dp, plan.tp, plan.pp, plan.ga
     p_b = spec.params / GB
     per_replica = spec.global_batch / d
-    span_tp, span_dp, span_pp = group_spans(plan, res.placement)
+    span_tp, span_dp, span_pp = group_spans(plan, res.placement, env)
     act = spec.seq_len * spec.hidden * FP16  # bytes of one sample's activations at one layer boundary
 
     fwd = k.k_fwd * per_replica * p_b / (t * p)
@@ -291,12 +302,13 @@ def iteration_terms(profile: PlanProfile, plan: ExecutionPlan, res: Resources, e
         sync = bubble * bwd + dp_comm
     else:  # only the last micro-batch's backward overlaps the sync
         sync = bwd * (a - 1) / a + _overlap(bwd / a, dp_comm, k.k_sync)
-    pp_link = env.internode_gbs if span_pp.nodes > 1 else env.nvlink_gbs
+    pp_link = span_pp.internode_gbs if span_pp.nodes > 1 else env.nvlink_gbs
     pp_comm = 2 * bubble * per_replica * act / t / (pp_link * GB) if p > 1 else 0.0
     shard = spec.params / (t * p) / (d if plan.zero else 1)
     opt = k.k_opt * shard / GB
     cpu_opt = k.k_opt_off * shard / GB / res.cpus_per_gpu if plan.offload else 0.0
-    pcie = 2 * FP16 * shard / (env.pcie_gbs * GB) if plan.offload else 0.0
+    # every GPU of the job on a node copies its shard through that node's host link
+    pcie = 2 * FP16 * shard * max(res.placement) / (env.pcie_gbs * GB) if plan.offload else 0.0
     offload = _overlap(cpu_opt, pcie, k.k_off) if plan.offload else 0.0
     const = k.k_const * (a + p - 1)  # a fixed cost per pipeline step (a micro-batches through p stages)
     total = bubble * (fwd + recompute + tp_comm) + sync + pp_comm + (offload if plan.offload else opt) + const
