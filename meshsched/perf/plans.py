@@ -6,7 +6,7 @@ and ZeRO-Offload; its string form is `dp4-tp2-pp1-ga2-gc-z2-off` (tp, pp and ga 
 
 The iteration time (Sec. 4, Fig. 5) is built from T_fwd, T_bwd, T_comm, T_opt and T_off with fitted overlaps.
 The paper defers its formulas to an appendix that is not in our copy, so the exact terms below are this
-module's reading of Sec. 4.1-4.2 (every choice is listed in docs/rubick-plans.md). Per GPU, with N = d*t*p
+module's reading of Sec. 4.1-4.2 (every choice is listed in profiles/README.md). Per GPU, with N = d*t*p
 GPUs, P parameters, global batch B, m = B/(d*a) samples per micro-batch, in seconds:
 
   T_fwd  = k_fwd * (B/d) * P[1e9] / (t*p)                    the batch split by DP, the layers by TP and PP
