@@ -67,9 +67,9 @@ def fit_plan_params(spec: ModelSpec, env: Environment, rows: Sequence[PlanMeasur
 
 
 def sample_fit_rows(rows: Sequence[PlanMeasurement], n: int, seed: int) -> list[int]:
-    """Indices of `n` rows to fit on, seeded: plan families in turn (so that every term is seen, as the paper
-    samples "different resource allocations and execution plans"), and within a family a random row whose
-    GPU count that family has not had yet while there is one (so that each family's scaling is seen)."""
+    """Indices of `n` rows to fit on, seeded: plan families in turn, ZeRO-Offload first (so that every term is
+    seen, as the paper samples "different resource allocations and execution plans"), and within a family a
+    random row whose GPU count that family has not had yet while there is one (so that its scaling is seen)."""
     if n > len(rows):
         raise ValueError(f"asked for {n} fit points but only {len(rows)} measurements exist")
     rng = random.Random(seed)
@@ -78,6 +78,8 @@ def sample_fit_rows(rows: Sequence[PlanMeasurement], n: int, seed: int) -> list[
         by_family.setdefault(r.family, []).append(i)
     families = sorted(by_family)
     rng.shuffle(families)
+    # offload families first: only they see k_opt_off and k_off, which two GPU counts are needed to separate
+    families.sort(key=lambda f: not f.startswith("ZeRO-Offload"))
     chosen: list[int] = []
     seen_gpus: dict[str, set[int]] = {f: set() for f in families}
     turn = 0
