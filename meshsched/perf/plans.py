@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from meshsched.perf.errors import UnknownProfile
@@ -212,7 +212,7 @@ class IterTerms:
     pcie: float
     offload: float  # CPU step and PCIe copies after their overlap
     const: float
-    total: float = field(default=0.0)
+    total: float
 
 
 # -- the iteration-time model ----------------------------------------------------------------------------
