@@ -15,13 +15,14 @@ GPUs, P parameters, global batch B, m = B/(d*a) samples per micro-batch, in seco
   bubble = (a + p - 1) / a                                   1F1B pipeline with a micro-batches
   T_dp   = gradient all-reduce AR(2 B * P/(t*p))  (x1.5 for ZeRO-3)
   T_sync = the last micro-batch's backward and T_dp overlapped: (T_b^k_sync + T_dp^k_sync)^(1/k_sync),
-           earlier micro-batches' backward added in full; with PP (> 1) the sync follows the flush: T_b + T_dp
+           earlier micro-batches' backward added in full; with PP (> 1) the sync follows the pipeline flush:
+           bubble * T_b + T_dp
   T_pp   = 2 * bubble * (B/d) * s*h * 2 B / t / bw            activations and their gradients between stages
   T_opt  = k_opt * P[1e9] / (t*p) (/ d under ZeRO)           the optimizer step on GPU
   T_off  = (T_cpu^k_off + T_pcie^k_off)^(1/k_off) with T_cpu = k_opt_off * P[1e9]/(t*p*d) / threads per GPU,
            T_pcie = 4 B * P/(t*p*d) * q / bw_host            ZeRO-Offload: CPU Adam and the host copies
            (q = the job's most GPUs on one node: they share that node's host link)
-  T_iter = bubble * (T_fwd + T_re + T_tp) + T_sync' + T_pp + (T_off or T_opt) + k_const * (a + p - 1)
+  T_iter = bubble * (T_fwd + T_re + T_tp) + T_sync + T_pp + (T_off or T_opt) + k_const * (a + p - 1)
 
 k_const is a fixed cost per pipeline step (kernel launches, synchronisation): a micro-batches through p
 stages take a + p - 1 steps, so GA and PP are not free.
@@ -266,7 +267,7 @@ def group_spans(plan: ExecutionPlan, placement: tuple[int, ...], env: Environmen
                 env.internode_gbs * -(-placement[n] // env.gpus_per_nic) * q / placement[n] for n, q in on_node.items()
             )
             spans.append(GroupSpan(len(on_node), bw, max(on_node.values())))
-        out.append(max(spans, key=lambda x: (x.nodes > 1, -x.internode_gbs, x.per_node)))
+        out.append(max(spans, key=lambda x: x.allreduce_s(1.0, env)))
     return out[0], out[1], out[2]
 
 
