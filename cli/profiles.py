@@ -79,3 +79,63 @@ def train_ir_cmd(
     for name, g in report["feature_importance_gain"].items():
         typer.echo(f"  {name:28s} {g:.3f}")
     typer.echo(f"wrote {out / 'ir_model.json'}")
+
+
+@app.command("plans-convert")
+def plans_convert_cmd(
+    data: Path = typer.Option(Path("../shared/data"), help="Folder with throughputs/morphling/ (A800 plan measurements)."),
+    out: Path = typer.Option(Path("profiles"), help="Where to write plans_a800.json (the repository's profiles/)."),
+) -> None:
+    """Convert the Morphling A800 plan measurements and fit the plan model (Rubick) into plans_a800.json."""
+    if not (data / "throughputs" / "morphling" / "placements").is_dir():
+        fail(f"{data} has no throughputs/morphling/placements/ folder; pass --data pointing at the shared data")
+    try:
+        from meshsched.cli.plans_convert import convert
+    except ImportError as e:
+        fail(f"fitting needs scipy ({e}); install with: pip install 'meshsched[fit]'")
+    typer.echo(convert(data, out))
+
+
+@app.command("plans")
+def plans_cmd(
+    model: str | None = typer.Argument(None, help="Only this model type (e.g. gpt2)."),
+    gpu_type: str = typer.Option("a800", help="GPU type of the plan profiles."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List measured execution plans with the plan model's predicted iteration time and its relative error."""
+    from meshsched.perf.errors import UnknownProfile
+    from meshsched.perf.loader import load_plan_catalog
+    from meshsched.perf.plans import iteration_time
+
+    try:
+        cat = load_plan_catalog(gpu_type)
+        names = [model] if model else sorted(cat.profiles)
+        profiles = {n: cat.profile(n) for n in names}
+    except UnknownProfile as e:
+        fail(str(e))
+    rows = []
+    for name in names:
+        for m in cat.measurements[name]:
+            pred = iteration_time(profiles[name], m.plan, m.resources, cat.env)
+            rows.append({
+                "model": name, "family": m.family, "plan": str(m.plan),
+                "placement": "".join(map(str, m.resources.placement)), "gpus": m.resources.gpus,
+                "measured_s": m.iter_time_s, "predicted_s": round(pred, 6),
+                "rel_err": round(abs(pred - m.iter_time_s) / m.iter_time_s, 6), "in_fit": m.in_fit,
+            })
+    if json_out:
+        print_json(rows)
+        return
+    typer.echo(f"{'MODEL':8s} {'FAMILY':16s} {'PLAN':27s} {'PLACEMENT':9s} {'MEASURED':>9s} {'PREDICTED':>9s} {'ERROR':>7s} FIT")
+    for r in rows:
+        typer.echo(
+            f"{r['model']:8s} {r['family']:16s} {r['plan']:27s} {r['placement']:9s} {r['measured_s']:8.3f}s "
+            f"{r['predicted_s']:8.3f}s {100 * r['rel_err']:6.1f}% {'yes' if r['in_fit'] else ''}"
+        )
+    for name in names:
+        held = [r["rel_err"] for r in rows if r["model"] == name and not r["in_fit"]]
+        if held:
+            typer.echo(
+                f"{name}: {len(held)} held-out plans, mean error {100 * sum(held) / len(held):.1f}%, "
+                f"max {100 * max(held):.1f}% (fitted on {sum(1 for r in rows if r['model'] == name and r['in_fit'])})"
+            )

@@ -109,3 +109,17 @@ def load_mps_share():
     from meshsched.perf.mps_share import anchors_from_measurements, fit_mps_share
 
     return fit_mps_share(*anchors_from_measurements(_read(files("meshsched.profiles") / MEASURED_H100_FILE)))
+
+
+@cache
+def load_plan_catalog(gpu_type: str = "a800"):
+    """Execution-plan profiles (Rubick): fitted plan-model parameters and measured plans, from plans_<gpu>.json."""
+    from meshsched.perf.errors import UnknownProfile
+    from meshsched.perf.plans import catalog_from_json
+
+    root = files("meshsched.profiles")
+    entry = root / f"plans_{gpu_type}.json"
+    if not entry.is_file():
+        known = [e.name[len("plans_") : -len(".json")] for e in root.iterdir() if e.name.startswith("plans_")]
+        raise UnknownProfile(f"no plan profiles for GPU type {gpu_type!r}", known)
+    return catalog_from_json(_read(entry))
