@@ -409,3 +409,30 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--regen"]:
         sys.exit("usage: python -m tests.test_sim --regen   (rewrites tests/golden/philly200.json)")
     print(f"wrote {regen_golden()}")
+
+
+@pytest.mark.slow
+def test_periodic_replay_does_not_depend_on_the_hash_seed():
+    # Bug: periodic SRTF kept the jobs it chose at a tick in a set and started them sorted by submit time;
+    # ties (equal submit times) followed the set's order, which changes with PYTHONHASHSEED, so the same
+    # replay gave different per-job records in different processes (busiest window at 2x, srtf@60).
+    import subprocess
+    import sys
+
+    code = (
+        "import hashlib;"
+        "from meshsched.perf import load_perf_model;from meshsched.policies.registry import make_policy;"
+        "from meshsched.sim.loop import ClusterSpec, simulate;from meshsched.sim.traces import TraceOptions, load_trace;"
+        "p=load_perf_model();"
+        "t=load_trace('philly',p,TraceOptions(gpu_type='v100',gpus_per_node=8,seed=1,load=2.0,"
+        "window=(729.865*3600,740*3600),first_n=2000));"
+        "r=simulate(t.jobs,make_policy('srtf@60'),p,ClusterSpec(64,8,'v100',p.gpu_memory_mb('v100')));"
+        "print(hashlib.sha256(repr(sorted((j.job_id,j.acct.first_start,j.acct.finish_time)"
+        " for j in r.engine.state.jobs.values())).encode()).hexdigest())"
+    )
+    digests = {
+        subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)},
+                       capture_output=True, text=True, check=True).stdout.strip()
+        for seed in range(6)
+    }
+    assert len(digests) == 1

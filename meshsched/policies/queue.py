@@ -125,7 +125,9 @@ class QueueScheduler:
     strict: bool = False
     interval: float | None = None
     _dirty: bool = field(default=True, repr=False)
-    _promised: set[str] = field(default_factory=set, repr=False)  # periodic: decided at a tick, waiting on a pause
+    # periodic: decided at a tick, waiting on a pause; a dict, in the order chosen, so ties in submit time are
+    # broken the same way in every process (a set's order follows the per-process string hash seed)
+    _promised: dict[str, None] = field(default_factory=dict, repr=False)
 
     periodic: bool = field(default=True, init=False)
 
@@ -171,13 +173,13 @@ class QueueScheduler:
 
     def _start_promised(self, view: ClusterView, cycle: Cycle, placement) -> list[Decision]:
         out: list[Decision] = []
-        for job_id in sorted(self._promised, key=lambda j: view.job(j).spec.submit_time):
+        for job_id in sorted(self._promised, key=lambda j: view.job(j).spec.submit_time):  # stable: chosen order
             job = view.job(job_id)
             if not job.state.is_queued:
-                self._promised.discard(job_id)
+                self._promised.pop(job_id, None)
             elif isinstance(d := placement.try_start(view, cycle, job), Start):
                 out.append(replace(d, reason=f"{self.name}: chosen at the last activation; GPUs now free"))
-                self._promised.discard(job_id)
+                self._promised.pop(job_id, None)
         return out
 
     def _pass(self, view: ClusterView, cycle: Cycle, placement, evict_for: str | None = None) -> list[Decision]:
@@ -255,7 +257,7 @@ class QueueScheduler:
                     else:
                         del soon[node]
             if self.interval is not None:
-                self._promised.add(job.job_id)
+                self._promised[job.job_id] = None
         return decisions
 
     @staticmethod
