@@ -25,6 +25,7 @@ from pathlib import Path
 from meshsched import events as ev
 from meshsched.actions import Action, Kill, Launch, Preempt, ScheduleTimer
 from meshsched.daemon.config import DaemonConfig
+from meshsched.daemon.dirs import highest_job_dir, private_dir
 from meshsched.daemon.gpus import GpuBackend, open_backend
 from meshsched.daemon.journal import Journal, JobRecord
 from meshsched.daemon.launcher import Launcher, Outcome, free_port, read_outcome
@@ -35,7 +36,7 @@ from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
 from meshsched.perf import load_perf_model
 from meshsched.policies.registry import make_policy
-from meshsched.protocol import SubmitRequest
+from meshsched.protocol import PREEMPTED_EXIT_CODE, SubmitRequest
 from meshsched.state import JobSpec, JobState, NodeSpec
 
 LOG = logging.getLogger("meshd")
@@ -79,6 +80,7 @@ class NodeDaemon:
         self.directives: dict[str, list[dict]] = {}  # job -> directives for its rank 0, sent with the next reply
         self.throughput: dict[str, dict[int, dict]] = {}  # job -> rank -> latest report (samples/s, times)
         self._preempt_timers: dict[str, asyncio.TimerHandle] = {}
+        self._id_floor = 1  # new job ids continue past every existing job directory
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -89,10 +91,11 @@ class NodeDaemon:
         cfg = self.config
         loop = asyncio.get_running_loop()
         try:
-            cfg.state_dir.mkdir(parents=True, exist_ok=True)
-            cfg.jobs_dir.mkdir(exist_ok=True)
-            cfg.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+            for path in (cfg.state_dir, cfg.jobs_dir, cfg.runtime_dir):
+                private_dir(path)
             self._stack.callback(_lock(cfg.state_dir / "meshd.lock"))
+            self._stack.callback(_lock(cfg.runtime_dir / "meshd.lock"))  # before touching its sockets
+            self._id_floor = highest_job_dir(cfg.jobs_dir) + 1
             self.journal = Journal(cfg.journal_path)
             self._stack.callback(self.journal.close)
             self.gpus = open_backend(cfg.fake_gpus, cfg.gpu_type, cfg.gpu_memory_mb)
@@ -298,7 +301,17 @@ class NodeDaemon:
             with self.journal.batch():
                 self.journal.put(rec)
             return
-        self.dispatch(self._outcome_event(job_id, outcome, rec.pausing or job.state is JobState.PAUSING))
+        if rec.cancelling:  # every process of the job is gone: now it is CANCELLED and its GPUs free
+            rec.cancelling = False
+            self.dispatch(ev.CancelRequested(self._sid("cancelled"), job_id))
+            return
+        event = self._outcome_event(job_id, outcome, rec.pausing or job.state is JobState.PAUSING)
+        if isinstance(event, ev.JobFailed) and event.requeue:  # it exited resumable on its own: back off
+            delay = self.config.self_preempt_backoff * 2 ** (rec.self_preempts - 1)
+            LOG.warning("job %s exited resumable without a preemption; requeued in %.1f s", job_id, delay)
+            self._preempt_timers[job_id] = asyncio.get_running_loop().call_later(delay, self.dispatch, event)
+            return
+        self.dispatch(event)
 
     def _forget_run(self, job_id: str) -> None:
         """Drop what belonged to the job's last run (directives, throughput, the preemption timer)."""
@@ -315,6 +328,11 @@ class NodeDaemon:
         if outcome.status == "preempted":  # checkpointed and exited on its own: resumable either way
             if pausing:
                 return ev.JobPaused(self._sid("exit"), job_id, self.engine.state.jobs[job_id].checkpoint_iterations)
+            rec = self.records[job_id]
+            rec.self_preempts += 1
+            if rec.self_preempts > self.config.self_preempt_limit:
+                return ev.JobFailed(self._sid("exit"), job_id, f"exited {rec.self_preempts} times with code "
+                                    f"{PREEMPTED_EXIT_CODE} (resumable) although no preemption was asked for")
             return ev.JobFailed(self._sid("exit"), job_id, "exited resumable without a preemption", requeue=True)
         if outcome.status == "failed":
             return ev.JobFailed(self._sid("exit"), job_id, outcome.reason)
@@ -346,16 +364,24 @@ class NodeDaemon:
                 job_dir = Path(rec.job_dir)
                 if self.launcher.adopt(rec.job_id, rec.supervisor_pid, rec.supervisor_start, job_dir):
                     self.dispatch(adopt)
+                    if rec.cancelling:  # the cancel's kill timer died with the previous meshd
+                        self._execute(Kill(rec.job_id))
                     continue
+                left = self.launcher.kill_leftovers(rec.job_id, rec.supervisor_pid)
+                if left:
+                    LOG.warning("job %s: killed %d process(es) its dead supervisor left", rec.job_id, len(left))
                 self.dispatch(adopt)
                 outcome = read_outcome(job_dir)
-                if outcome.status == "lost" or (outcome.status == "terminated" and not rec.pausing):
+                if rec.cancelling:
+                    rec.cancelling = False
+                    self.dispatch(ev.CancelRequested(self._sid("recover"), rec.job_id))
+                elif outcome.status == "lost" or (outcome.status == "terminated" and not rec.pausing):
                     why = "meshd restarted and the job's processes were gone"
                     self.dispatch(ev.JobFailed(self._sid("recover"), rec.job_id, why, requeue=True))
                 else:
                     self.dispatch(self._outcome_event(rec.job_id, outcome, rec.pausing))
                 continue
-            orphan = self.launcher.reap_orphan(Path(rec.job_dir))
+            orphan = self.launcher.reap_orphan(Path(rec.job_dir), rec.job_id)
             if orphan is not None:
                 LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
             self.dispatch(ev.JobRestored(self._sid("restore"), spec, rec.restarts > 0,
@@ -370,7 +396,7 @@ class NodeDaemon:
         total = self.engine.state.total_gpus
         if req.gpus > total:
             raise SubmitError(f"--gpus {req.gpus}: this node has only {total} GPU(s)")
-        seq = self.journal.next_seq()
+        seq = self.journal.next_seq(self._id_floor)
         job_id = str(seq)
         rec = JobRecord(
             job_id=job_id, seq=seq, gpus=req.gpus, model=req.model, batch_size=req.batch_size,
@@ -388,6 +414,13 @@ class NodeDaemon:
 
     def cancel(self, job_id: str) -> JobRecord:
         rec = self.records[job_id]
+        if rec.state in HOLDING and self.launcher.running(job_id):
+            if not rec.cancelling:  # CANCELLED (and its GPUs free) once every process of it is gone
+                rec.cancelling = True
+                with self.journal.batch():
+                    self.journal.put(rec)
+                self._execute(Kill(job_id))
+            return rec
         if rec.state not in TERMINAL:
             self.dispatch(ev.CancelRequested(self._sid("cancel"), job_id))
         return rec
@@ -432,6 +465,8 @@ class NodeDaemon:
                 out["reason"] = self.engine.pending_reason(rec.job_id)
         start = rec.start_time
         out["elapsed"] = 0.0 if start is None else max(0.0, (rec.end_time or now) - start)
+        if rec.cancelling and rec.state in HOLDING:  # Slurm's word for "ending, processes still there"
+            out["state"], out["reason"] = "COMPLETING", "cancelled; waiting for its processes to exit"
         out["gpu_names"] = [self.engine.state.gpus[g].local_index for g in rec.assigned]
         ranks = self.throughput.get(rec.job_id)
         if ranks and job is not None and not job.state.is_terminal:  # reported by meshsched.job, per rank
