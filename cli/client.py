@@ -22,6 +22,10 @@ class ApiError(Exception):
         self.status = status
 
 
+class DaemonForbidden(ApiError):
+    """The API socket exists but this user may not connect to it (the CLI prints the one line)."""
+
+
 def default_socket() -> Path:
     """$MESH_API_SOCKET, else the API socket in meshd's default runtime dir ($MESHD_RUNTIME_DIR honoured)."""
     env = os.environ
@@ -57,6 +61,13 @@ class Client:
             return resp.status, dict(resp.getheaders()), resp.read()
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise DaemonUnavailable(str(exc)) from None
+        except PermissionError:
+            raise DaemonForbidden(
+                403, f"permission denied on {self.path}: meshd serves only its own user there "
+                "(run mesh as that user, or ask its operator)"
+            ) from None
+        except TimeoutError:
+            raise ApiError(504, f"meshd did not answer on {self.path} within {self.timeout:g} s") from None
         finally:
             conn.close()
 

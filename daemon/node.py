@@ -405,10 +405,10 @@ class NodeDaemon:
             env=req.env, job_dir=str(self.config.jobs_dir / job_id),
         )
         spec = _spec(rec)  # validates
-        self.records[job_id] = rec
-        with self.journal.batch():
+        with self.journal.batch():  # durable first: a failed write (full disk) leaves no phantom job
             self.journal.put(rec)
             self.journal.transition(job_id, rec.submit_time, "PENDING", "submitted")
+        self.records[job_id] = rec
         self.dispatch(ev.JobSubmitted(self._sid("submit"), spec))
         return rec
 
