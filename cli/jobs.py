@@ -100,6 +100,8 @@ def register(app: typer.Typer) -> None:
         """Submit a training job; prints its id."""
         if gpus < 1:
             fail(f"--gpus must be at least 1, got {gpus}")
+        if script.is_dir():
+            fail(f"script {script} is a directory; give the training script (a python file or an executable)")
         if not script.is_file():
             fail(f"script {script} does not exist")
         body = {
@@ -150,8 +152,8 @@ def register(app: typer.Typer) -> None:
         follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends"),
         rank: int = typer.Option(0, "--rank", "-r", help="which worker's log"),
     ) -> None:
-        """Print a job's log (one file per rank)."""
-        offset = 0
+        """Print a job's log (one file per rank); says so when older output was rotated out."""
+        offset, end = 0, None
         with _api() as api:
             while True:
                 status, headers, data = api.raw("GET", f"/v1/jobs/{job_id}/logs?rank={rank}&offset={offset}")
@@ -159,10 +161,18 @@ def register(app: typer.Typer) -> None:
                     import json
 
                     raise ApiError(status, json.loads(data).get("error", f"HTTP {status}"))
+                if (offset == 0 and headers.get("X-Log-Rotated") == "1") or headers.get("X-Log-Restarted") == "1":
+                    typer.echo(f"mesh: job {job_id} rank {rank}: the log was rotated (it is capped); older "
+                               f"output is in rank{rank}.log.1 in the job directory or was dropped", err=True)
                 sys.stdout.buffer.write(data)
                 sys.stdout.flush()
                 offset = int(headers.get("X-Log-Offset", offset))
-                if not follow or (not data and headers.get("X-Job-State") in TERMINAL):
+                end = int(headers.get("X-Log-Size", 0)) if end is None else end  # the log as it was when asked
+                if not follow:
+                    if data and offset < end:
+                        continue  # the rest of it, chunk by chunk
+                    return
+                if not data and headers.get("X-Job-State") in TERMINAL:
                     return
                 if not data:
                     time.sleep(0.5)  # client-side follow, like tail -f

@@ -16,6 +16,7 @@ Defaults (documented in docs/daemon.md):
   self_preempt_limit / self_preempt_backoff
                  3 / 1 s: a job that exits 75 (resumable) with no preemption asked is requeued after
                  backoff * 2^(n-1) s, and fails after `limit` such exits
+  log_max_mb     64: a rank's log past this size is rotated (newest half kept in rank<N>.log.1)
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class DaemonConfig:
     systemd_scope: str = "auto"  # each job in a transient systemd scope: auto (under systemd) | yes | no
     self_preempt_limit: int = 3  # exits with code 75 that no preemption asked for, before the job fails
     self_preempt_backoff: float = 1.0  # seconds before the first such requeue; doubles each time
+    log_max_mb: float = 64.0  # per rank log; past it the newest half moves to rank<N>.log.1
 
     @property
     def api_socket(self) -> Path:
@@ -96,6 +98,8 @@ class DaemonConfig:
             raise ConfigError(f"policy: {exc}") from None
         if self.fake_gpus < 0:
             raise ConfigError("fake_gpus must be >= 0")
+        if not (math.isfinite(self.log_max_mb) and self.log_max_mb > 0):
+            raise ConfigError(f"log_max_mb must be a finite number > 0, got {self.log_max_mb!r}")
         for key in ("kill_grace", "preempt_grace", "self_preempt_backoff"):
             value = getattr(self, key)
             if not math.isfinite(value) or value < 0:

@@ -84,9 +84,11 @@ class Launcher:
     """Owns the pidfds of live supervisors; calls `on_exit(job_id, outcome)` when one ends."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[str, Outcome], None], systemd_run: str | None = None
+        self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[str, Outcome], None], systemd_run: str | None = None,
+        log_max_bytes: int | None = None,
     ) -> None:
         self._loop = loop
+        self._log_max_bytes = log_max_bytes  # overrides the spec's cap on each rank's log
         self._systemd_run = systemd_run  # path of systemd-run: each job gets its own transient scope
         self._on_exit = on_exit
         self._watched: dict[str, tuple[int, int, Path]] = {}  # job_id -> (pid, pidfd, job_dir)
@@ -115,7 +117,7 @@ class Launcher:
         """Start the job's supervisor; returns (pid, start time)."""
         env = scrub_env(spec.env)
         env["MESH_JOB_ID"] = spec.job_id
-        spec = replace(spec, env=env)
+        spec = replace(spec, env=env, log_max_bytes=self._log_max_bytes or spec.log_max_bytes)
         job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(job_dir, 0o700)
         (job_dir / "result.json").unlink(missing_ok=True)

@@ -104,7 +104,8 @@ class NodeDaemon:
             await self.mps.start()
             self._stack.push_async_callback(self.mps.close)
             self.engine = Engine(make_policy(cfg.policy), ProfileEstimator(load_perf_model()))
-            self.launcher = Launcher(loop, self._on_exit, _systemd_run(cfg.systemd_scope))
+            self.launcher = Launcher(loop, self._on_exit, _systemd_run(cfg.systemd_scope),
+                                     log_max_bytes=int(cfg.log_max_mb * 2**20))
             self._stack.callback(self.launcher.close)
             self._stack.callback(lambda: [t.cancel() for t in self._tasks])
             self._stack.callback(self._cancel_timer)
