@@ -401,7 +401,8 @@ class NodeDaemon:
         job_id = str(seq)
         rec = JobRecord(
             job_id=job_id, seq=seq, gpus=req.gpus, model=req.model, batch_size=req.batch_size,
-            iterations=req.iterations, submit_time=time.time(), name=req.name or Path(_script(req.command)).name[:40],
+            iterations=req.iterations, submit_time=time.time(),
+            name=req.name or _printable(Path(_script(req.command)).name[:40]),
             user=user, deadline=req.deadline, guaranteed=req.guaranteed, command=req.command, cwd=req.cwd,
             env=req.env, job_dir=str(self.config.jobs_dir / job_id),
         )
@@ -524,6 +525,11 @@ def _lock(path: Path):
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return lambda: os.close(fd)
+
+
+def _printable(text: str) -> str:
+    """`text` with control characters (newlines, escapes) replaced by '?': it becomes a column of `mesh ls`."""
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _script(command: list[str]) -> str:

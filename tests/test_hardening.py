@@ -448,6 +448,11 @@ def test_bad_names_are_refused(name):
         SubmitRequest.from_json({"command": ["true"], "cwd": "/", "name": name})
 
 
+async def test_a_default_name_from_a_script_name_is_printable(daemon):
+    rec = submit(daemon, ["/nonexistent/evil\nJOBID\x1b[2J.py"])
+    assert rec.name == "evil?JOBID?[2J.py"
+
+
 @pytest.mark.parametrize("deadline", [float("nan"), float("inf"), -float("inf")])
 def test_nonfinite_deadlines_are_refused(deadline):
     with pytest.raises(RequestError, match="finite"):
