@@ -41,6 +41,9 @@ class _UnixConnection(http.client.HTTPConnection):
         self._path = path
 
     def connect(self) -> None:
+        owner = os.lstat(self._path).st_uid  # FileNotFoundError: no daemon
+        if owner not in (os.geteuid(), 0):  # someone else's socket may serve fake answers
+            raise DaemonForbidden(403, f"{self._path} belongs to uid {owner}, neither you nor root; not using it")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(self.timeout)
         self.sock.connect(self._path)

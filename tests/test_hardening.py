@@ -439,6 +439,23 @@ def test_permission_denied_on_the_api_socket_is_one_line(tmp_path, monkeypatch):
     assert r.exit_code == 1 and "permission denied on" in r.output and r.exception.__class__ is SystemExit
 
 
+def test_mesh_refuses_a_socket_owned_by_another_user(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from tests.test_cli_jobs import _app
+
+    path = tmp_path / "api.sock"
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(path))
+    monkeypatch.setenv("MESH_API_SOCKET", str(path))
+    real = os.lstat
+    monkeypatch.setattr(os, "lstat", lambda p, *a, **k: os.stat_result(
+        (*real(p)[:4], 4242, *real(p)[5:])) if str(p) == str(path) else real(p, *a, **k))
+    r = CliRunner().invoke(_app(), ["ls"])
+    srv.close()
+    assert r.exit_code == 1 and "belongs to uid 4242" in r.output
+
+
 # ------------------------------------------------------------------ 10: names and numbers
 
 
