@@ -170,10 +170,12 @@ def _healthy(s: Served) -> None:
 
 def test_fuzz_job_socket(served):
     conn = JobConn(str(served.d.config.job_socket))
+    sent: list[int] = []
 
     @FUZZ
     @given(frame=frames)
     def one(frame: bytes) -> None:
+        sent.append(len(frame))
         for reply in conn.exchange(frame):
             assert reply["type"] in REPLY_TYPES
 
@@ -181,6 +183,7 @@ def test_fuzz_job_socket(served):
         one()
     finally:
         conn.close()
+    assert len(sent) >= EXAMPLES  # every generated frame was sent
     _healthy(served)
     assert served.d.records[served.blocker].state in ("RUNNING", "PAUSING")
 
@@ -234,13 +237,15 @@ def requests(draw):
 
 def test_fuzz_http_api(served):
     bad: list[tuple] = []
+    sent: list[str] = []
 
     @FUZZ
     @given(req=requests())
     def one(req) -> None:
         method, path, body = req
         if path.startswith(f"/v1/jobs/{served.blocker}/cancel"):
-            return  # keep the blocker: it keeps generated jobs queued instead of running
+            path = "/v1/jobs/999999/cancel"  # keep the blocker: it keeps generated jobs queued instead of running
+        sent.append(method)
         conn = _Unix(str(served.d.config.api_socket))
         try:
             data = None if body is None else body.encode("utf-8", "surrogatepass")
@@ -254,6 +259,6 @@ def test_fuzz_http_api(served):
         assert resp.status < 500, (method, path, body, resp.status)
 
     one()
-    assert not bad
+    assert not bad and len(sent) >= EXAMPLES
     _healthy(served)
     assert served.d.records[served.blocker].state == "RUNNING"
