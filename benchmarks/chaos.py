@@ -86,6 +86,7 @@ class Result:
     failed: int
     wall_seconds: float
     targets_met: bool
+    overlaps: list[str]  # what ran twice or shared a GPU, for diagnosis (empty when the targets are met)
 
 
 class Meshd:
@@ -183,10 +184,11 @@ def overlap(a: Interval, b: Interval) -> float:
     return max(0.0, min(a.end, b.end) - max(a.start, b.start))
 
 
-def measure(intervals: list[Interval]) -> tuple[int, float]:
-    """(jobs with two runs alive at once, GPU-seconds two different jobs held one GPU)."""
+def measure(intervals: list[Interval]) -> tuple[int, float, list[str]]:
+    """(jobs with two runs alive at once, GPU-seconds two different jobs held one GPU, what overlapped)."""
     twice: set[str] = set()
     shared = 0.0
+    what: list[str] = []
     for i, a in enumerate(intervals):
         for b in intervals[i + 1 :]:
             o = overlap(a, b)
@@ -194,9 +196,31 @@ def measure(intervals: list[Interval]) -> tuple[int, float]:
                 continue
             if a.job == b.job and a.restart != b.restart:
                 twice.add(a.job)
+                what.append(f"job {a.job} runs {a.restart} and {b.restart} overlapped {o:.3f} s")
             if a.job != b.job and a.gpu == b.gpu:
                 shared += o
-    return len(twice), shared
+                what.append(f"GPU {a.gpu}: job {a.job}.{a.restart} (pid {a.pid}, {a.start:.3f}-{a.end:.3f}) and "
+                            f"job {b.job}.{b.restart} (pid {b.pid}, {b.start:.3f}-{b.end:.3f}) overlapped {o:.3f} s")
+    return len(twice), shared, what
+
+
+def watch_sharing(meshd: Meshd, seen: list[str]) -> None:
+    """Note (once per pair) a GPU meshd's engine gives to two jobs at once, with their decision logs."""
+    try:
+        node = meshd.client.call("GET", "/v1/nodes")[0]
+    except (DaemonUnavailable, ApiError, OSError):
+        return
+    for g in node["gpus"]:
+        if len(g["jobs"]) > 1:
+            key = f"engine put jobs {g['jobs']} on GPU {g['index']}"
+            if not any(x.startswith(key) for x in seen):
+                logs = []
+                for j in g["jobs"]:
+                    try:
+                        logs += [f"{j}: {e['message']}" for e in meshd.client.call("GET", f"/v1/jobs/{j}/explain")]
+                    except (DaemonUnavailable, ApiError, OSError):
+                        pass
+                seen.append(key + " | " + " ; ".join(logs[-12:]))
 
 
 def run(n_jobs: int, n_kills: int, seed: int, budget: float) -> Result:
@@ -226,8 +250,11 @@ def run(n_jobs: int, n_kills: int, seed: int, budget: float) -> Result:
         stretch = max(5.0, n_jobs * 0.9)
         at = sorted(rng.uniform(1.0, stretch) for _ in kinds)
         start = time.monotonic()
+        shared_seen: list[str] = []
         for when, kind in zip(at, kinds):
-            time.sleep(max(0.0, start + when - time.monotonic()))
+            while time.monotonic() < start + when:
+                watch_sharing(meshd, shared_seen)
+                time.sleep(0.05)
             if kind == "meshd":
                 meshd.kill()
                 time.sleep(rng.uniform(0.0, 0.5))  # jobs end, supervisors die while meshd is down
@@ -252,6 +279,7 @@ def run(n_jobs: int, n_kills: int, seed: int, budget: float) -> Result:
         # wait for every job to end
         deadline = t0 + budget
         while True:
+            watch_sharing(meshd, shared_seen)
             jobs = meshd.call("GET", "/v1/jobs?all=1")
             if all(j["state"] in TERMINAL for j in jobs) or time.monotonic() > deadline:
                 break
@@ -261,11 +289,20 @@ def run(n_jobs: int, n_kills: int, seed: int, budget: float) -> Result:
         for j in jobs:
             by_name.setdefault(j["name"], []).append(j)
         lost = sum(1 for n in names if not any(j["state"] in TERMINAL for j in by_name.get(n, [])))
-        twice, shared = measure(read_ledger(ledger))
+        twice, shared, what = measure(read_ledger(ledger))
+        involved = sorted({w.split()[3].split(".")[0] for w in what if w.startswith("GPU")}
+                          | {w.split()[1] for w in what if w.startswith("job")})
+        for j in involved[:6]:  # their state history, on the ledger's clock
+            hist = meshd.call("GET", f"/v1/jobs/{j}").get("history", [])
+            what.append(f"job {j}: " + ", ".join(f"{t:.3f} {st} {why[:50]}" for t, st, why in hist))
+        what = shared_seen + what
         completed = sum(1 for j in jobs if j["state"] == "COMPLETED")
         failed = sum(1 for j in jobs if j["state"] == "FAILED")
     finally:
         meshd.stop()
+        if os.environ.get("CHAOS_KEEP"):  # keep meshd's log and the state dir to diagnose a failed run
+            print(f"chaos: kept {root}", file=sys.stderr)
+            root = Path("/nonexistent-kept")
         for pid in marked_processes(marker.encode()):  # leave nothing behind, whatever happened
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -276,7 +313,7 @@ def run(n_jobs: int, n_kills: int, seed: int, budget: float) -> Result:
     return Result(
         jobs=n_jobs, kills=kills, jobs_lost=lost, ran_twice=twice, double_held_gpu_seconds=round(shared, 3),
         left_behind=len(left), completed=completed, failed=failed, wall_seconds=round(time.monotonic() - t0, 1),
-        targets_met=lost == 0 and twice == 0 and shared == 0 and not left,
+        targets_met=lost == 0 and twice == 0 and shared == 0 and not left, overlaps=what[:20],
     )
 
 
@@ -304,6 +341,8 @@ def main(argv: list[str] | None = None) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+    for line in res.overlaps:
+        print(f"  {line}")
 
 
 if __name__ == "__main__":

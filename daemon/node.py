@@ -345,11 +345,14 @@ class NodeDaemon:
     # ---------------------------------------------------------------- recovery
 
     def _recover(self) -> None:
-        """Rebuild the engine from the journal; re-adopt live jobs, requeue the rest."""
+        """Rebuild the engine from the journal; re-adopt live jobs, requeue the rest. Outcomes of jobs that
+        ended while meshd was down (each may start a scheduling pass) wait until every record is back, so no
+        pass sees the GPUs of a live job that is not re-adopted yet as free."""
         inv = self.gpus.inventory()
         node = NodeSpec(self.config.node_name, len(inv), inv[0].name, inv[0].memory_total_mb)
         self.dispatch(ev.NodeJoined(self._sid("join"), node))
         ngpus = len(inv)
+        outcomes: list[ev.Event] = []
         for rec in self.journal.load():
             self.records[rec.job_id] = rec
             if rec.state in TERMINAL:
@@ -375,18 +378,20 @@ class NodeDaemon:
                 outcome = read_outcome(job_dir)
                 if rec.cancelling:
                     rec.cancelling = False
-                    self.dispatch(ev.CancelRequested(self._sid("recover"), rec.job_id))
+                    outcomes.append(ev.CancelRequested(self._sid("recover"), rec.job_id))
                 elif outcome.status == "lost" or (outcome.status == "terminated" and not rec.pausing):
                     why = "meshd restarted and the job's processes were gone"
-                    self.dispatch(ev.JobFailed(self._sid("recover"), rec.job_id, why, requeue=True))
+                    outcomes.append(ev.JobFailed(self._sid("recover"), rec.job_id, why, requeue=True))
                 else:
-                    self.dispatch(self._outcome_event(rec.job_id, outcome, rec.pausing))
+                    outcomes.append(self._outcome_event(rec.job_id, outcome, rec.pausing))
                 continue
             orphan = self.launcher.reap_orphan(Path(rec.job_dir), rec.job_id)
             if orphan is not None:
                 LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
             self.dispatch(ev.JobRestored(self._sid("restore"), spec, rec.restarts > 0,
                                          rec.checkpoint_iterations, rec.restarts))
+        for event in outcomes:
+            self.dispatch(event)
         self.dispatch(ev.RecoveryDone(self._sid("recovered")))
         live = sum(1 for r in self.records.values() if r.state not in TERMINAL)
         LOG.info("recovered %d job record(s), %d not finished", len(self.records), live)

@@ -200,6 +200,35 @@ async def test_recovery_kills_what_a_dead_supervisor_left_before_requeueing(dirs
                 os.kill(p, signal.SIGKILL)
 
 
+async def test_recovery_adopts_every_live_job_before_it_schedules(dirs):
+    """Found by benchmarks/chaos.py: recovery dispatched a dead job's outcome (which runs a scheduling pass)
+    before later live jobs were re-adopted, so a queued job was started on GPUs a live job still held."""
+    cfg = make_config(*dirs)
+    d1 = NodeDaemon(cfg)
+    await d1.start()
+    blocker = submit(d1, py("import time; time.sleep(0.5)"), gpus=4, iterations=1)
+    wide = submit(d1, py("import time; time.sleep(60)"), gpus=4, iterations=1000)  # queued behind shorter ones
+    done = submit(d1, py("import time; time.sleep(1.5)"), gpus=2, iterations=10)  # ends while meshd is down
+    live = submit(d1, py("import time; time.sleep(60)"), gpus=2, iterations=20)
+    await wait_for(lambda: all(d1.records[j.job_id].state == "RUNNING" for j in (done, live)), what="started")
+    assert blocker.job_id and d1.records[wide.job_id].state == "PENDING"
+    pids = [r.supervisor_pid for r in d1.records.values()]
+    sup = d1.records[done.job_id].supervisor_pid
+    await d1.close()
+    await wait_for(lambda: (Path(done.job_dir) / "result.json").exists() and not alive(sup),
+                   what="job ended while meshd was down")
+    d2 = NodeDaemon(cfg)
+    await d2.start()
+    try:
+        assert d2.records[done.job_id].state == "COMPLETED" and d2.records[live.job_id].state == "RUNNING"
+        assert d2.records[wide.job_id].state == "PENDING", "started on GPUs the live job holds"
+        assert all(len(g.jobs) <= 1 for g in d2.engine.state.gpus)
+    finally:
+        pids += [r.supervisor_pid for r in d2.records.values()]
+        await d2.close()
+        kill_sessions(pids)
+
+
 # ------------------------------------------------------------------ 3: a lost journal reuses nothing
 
 
