@@ -261,7 +261,7 @@ def run(n_jobs: int, n_kills: int, seed: int, budget: float) -> Result:
                 meshd.start()
                 kills["meshd"] += 1
                 continue
-            for _ in range(40):  # find a running job to hit
+            for _ in range(100):  # find a running job to hit (up to 10 s)
                 running = [j for j in meshd.call("GET", "/v1/jobs?all=0")
                            if j["state"] == "RUNNING" and j["supervisor_pid"]]
                 targets = []
