@@ -160,8 +160,9 @@ def test_supervisor_passes_on_a_sigterm_that_arrives_while_spawning(tmp_path):
     )
     proc = subprocess.Popen([PY, "-c", driver, str(job_dir)], start_new_session=True)
     try:
-        assert proc.wait(timeout=8) == 143  # before the fix: ranks 1, 2 never got SIGTERM, SIGKILL only after the 30 s grace
+        assert proc.wait(timeout=8) == 143  # before the fix no rank got SIGTERM: SIGKILL only after the 30 s grace
         assert json.loads((job_dir / "result.json").read_text())["status"] == "terminated"
+        assert not (job_dir / "logs" / "rank1.log").exists()  # no rank spawned after the SIGTERM
         assert not alive(proc.pid)
     finally:
         kill_sessions([proc.pid])
