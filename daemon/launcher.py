@@ -203,6 +203,7 @@ class Launcher:
         if entry is None:
             return
         pid = entry[0]
+        self._refresh_cgroup(job_id, pid)
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -214,7 +215,13 @@ class Launcher:
         self._kill_timers.pop(job_id, None)
         entry = self._watched.get(job_id)
         if entry is not None:
+            self._refresh_cgroup(job_id, entry[0])
             kill_all(job_processes(entry[0], self._cgroups.get(job_id)))
+
+    def _refresh_cgroup(self, job_id: str, pid: int) -> None:
+        """systemd-run moves the supervisor into its scope just after the spawn: look again while it lives."""
+        if self._cgroups.get(job_id) is None:
+            self._cgroups[job_id] = cgroup_of(pid)
 
     def _exited(self, job_id: str) -> None:
         pid, fd, job_dir = self._watched.pop(job_id)
