@@ -26,6 +26,10 @@ class ApiError(Exception):
         self.status = status
 
 
+class DaemonForbidden(ApiError):
+    """The API socket exists but this user may not (or should not) use it (the CLI prints the one line)."""
+
+
 def default_socket(env: dict[str, str] | None = None) -> str:
     """$MESH_API_SOCKET, else api.sock in $MESHD_RUNTIME_DIR, else in meshd's default runtime dir.
 
@@ -66,13 +70,22 @@ class Client:
         try:
             sock.settimeout(self.timeout)
             try:
+                owner = os.lstat(self.path).st_uid
+                if owner not in (os.geteuid(), 0):  # someone else's socket may serve fake answers
+                    raise DaemonForbidden(403, f"{self.path} belongs to uid {owner}, neither you nor root; not using it")
                 sock.connect(self.path)
             except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
                 raise DaemonUnavailable(exc.strerror or str(exc)) from None
             except PermissionError:
-                raise DaemonUnavailable("permission denied: meshd there runs as another user") from None
-            sock.sendall(head.encode() + b"\r\n" + data)
-            return _read_response(sock)
+                raise DaemonForbidden(
+                    403, f"permission denied on {self.path}: meshd serves only its own user there "
+                    "(run mesh as that user, or ask its operator)"
+                ) from None
+            try:
+                sock.sendall(head.encode() + b"\r\n" + data)
+                return _read_response(sock)
+            except TimeoutError:
+                raise ApiError(504, f"meshd did not answer on {self.path} within {self.timeout:g} s") from None
         finally:
             sock.close()
 

@@ -110,6 +110,8 @@ def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size
         fail(f"--gpus must be at least 1, got {gpus}")
     if iters is not None and iters < 1:
         fail(f"--iters must be at least 1, got {iters}")
+    if os.path.isdir(script):
+        fail(f"script {script} is a directory; give the training script (a python file or an executable)")
     if not os.path.isfile(script):
         fail(f"script {script} does not exist")
     body = {
@@ -157,7 +159,7 @@ def show(job_id: str, as_json: bool = False) -> None:
 def logs(job_id: str, follow: bool = False, rank: int = 0) -> None:
     """Print a job's log; says so on stderr while the log is still empty (stdout stays the log alone)."""
     client = Client()
-    offset = 0
+    offset, end = 0, None
     said_empty = False
     while True:
         try:
@@ -172,10 +174,18 @@ def logs(job_id: str, follow: bool = False, rank: int = 0) -> None:
             sys.stderr.write(f"mesh: job {job_id} is {state}; its log (rank {rank}) is empty so far{more}\n")
             sys.stderr.flush()
             said_empty = True
+        if (offset == 0 and headers.get("x-log-rotated") == "1") or headers.get("x-log-restarted") == "1":
+            sys.stderr.write(f"mesh: job {job_id} rank {rank}: the log was rotated (it is capped); older output is "
+                             f"in rank{rank}.log.1 in the job directory or was dropped\n")
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         offset = int(headers.get("x-log-offset", offset))
-        if not follow or (not data and state in TERMINAL):
+        end = int(headers.get("x-log-size", 0)) if end is None else end  # the log as it was when asked
+        if not follow:
+            if data and offset < end:
+                continue  # the rest of it, chunk by chunk (no silent stop after the first MiB)
+            return
+        if not data and state in TERMINAL:
             return
         if not data:
             time.sleep(0.5)  # client-side follow, like tail -f

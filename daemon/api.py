@@ -3,16 +3,20 @@
 Routes: GET /v1/health, GET/POST /v1/jobs (?all=0|1; ?brief=1: the squeue columns only), GET /v1/jobs/{id},
 POST /v1/jobs/{id}/cancel, GET /v1/jobs/{id}/logs?rank=N&offset=B, GET /v1/jobs/{id}/explain, GET /v1/nodes,
 GET /metrics.
-Errors are JSON {"error": "..."} with a 4xx status.
+Errors are JSON {"error": "..."} with a 4xx status; a full disk is 507 and any other failure to write
+meshd's state 503, each with one line saying so -- never aiohttp's bare 500.
 """
 
 from __future__ import annotations
 
+import errno
 import hmac
 import json
+import logging
 import os
 import pwd
 import socket
+import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -24,6 +28,7 @@ from meshsched.protocol import SubmitRequest
 
 DAEMON_KEY = web.AppKey("daemon", object)
 LOG_CHUNK = 1 << 20
+LOG = logging.getLogger("meshd")
 
 
 def _compact(data: object) -> str:
@@ -50,7 +55,8 @@ def _record(request: web.Request):
     job_id = request.match_info["job_id"]
     rec = daemon.records.get(job_id)
     if rec is None:
-        raise web.HTTPNotFound(text=f'{{"error": "unknown job {job_id}"}}', content_type="application/json")
+        raise web.HTTPNotFound(text=json.dumps({"error": f"unknown job {job_id[:64]}"}),
+                               content_type="application/json")
     return daemon, rec
 
 
@@ -99,22 +105,28 @@ async def explain(request: web.Request) -> web.Response:
 
 async def logs(request: web.Request) -> web.Response:
     d, rec = _record(request)
-    try:
-        rank = int(request.query.get("rank", "0"))
-        offset = int(request.query.get("offset", "0"))
-    except ValueError:
-        return _error(400, "rank and offset must be integers")
-    if not 0 <= rank < rec.gpus or offset < 0:
-        return _error(400, f"rank must be in [0, {rec.gpus}) and offset >= 0")
+    rank_text, offset_text = request.query.get("rank", "0"), request.query.get("offset", "0")
+    if not (rank_text.isascii() and rank_text.isdigit() and offset_text.isascii() and offset_text.isdigit()):
+        return _error(400, f"rank and offset must be non-negative integers, got rank={rank_text[:40]!r} "
+                           f"offset={offset_text[:40]!r}")
+    rank, offset = int(rank_text), int(offset_text)
+    if not rank < rec.gpus:
+        return _error(400, f"rank must be in [0, {rec.gpus})")
     path = Path(rec.job_dir) / "logs" / f"rank{rank}.log"
-    data = b""
+    data, size = b"", 0
+    truncated = False
     try:
         with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if offset > size:  # the log was rotated since the client's last read: start again from its head
+                offset, truncated = 0, True
             fh.seek(offset)
             data = fh.read(LOG_CHUNK)
     except FileNotFoundError:
         pass
-    headers = {"X-Log-Offset": str(offset + len(data)), "X-Job-State": rec.state}
+    rotated = path.with_name(path.name + ".1").exists()
+    headers = {"X-Log-Offset": str(offset + len(data)), "X-Log-Size": str(size), "X-Job-State": rec.state,
+               "X-Log-Rotated": "1" if rotated else "0", "X-Log-Restarted": "1" if truncated else "0"}
     return web.Response(body=data, headers=headers, content_type="text/plain")
 
 
@@ -139,8 +151,24 @@ def _token_guard(token: str):
     return guard
 
 
+@web.middleware
+async def _failures(request: web.Request, handler):
+    """Failures of meshd's own I/O become one clear line; nothing reaches aiohttp's generic 500 page."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except (OSError, sqlite3.Error) as exc:
+        full = getattr(exc, "errno", None) == errno.ENOSPC or "disk is full" in str(exc)
+        if full:
+            LOG.error("%s %s: disk full: %s", request.method, request.path, exc)
+            return _error(507, f"meshd cannot write its state: the disk is full ({exc})")
+        LOG.error("%s %s: %s", request.method, request.path, exc)
+        return _error(503, f"meshd cannot read or write its state: {exc}")
+
+
 def make_app(daemon) -> web.Application:
-    app = web.Application(middlewares=[_token_guard(daemon.config.token)], client_max_size=1 << 20)
+    app = web.Application(middlewares=[_failures, _token_guard(daemon.config.token)], client_max_size=1 << 20)
     app[DAEMON_KEY] = daemon
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/jobs", list_jobs)

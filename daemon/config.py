@@ -8,16 +8,23 @@ Defaults (documented in docs/daemon.md):
   fake_gpus      0 = use NVML when present, else 8 fake GPUs
   gpu_type       v100 for fake GPUs (so --model profiles apply); NVML reports the real name
   node_name      the host name
-  http_tcp       "" (off); "HOST:PORT" also serves the API on TCP, which then needs `token`
+  http_tcp       "" (off); "HOST:PORT" also serves the API on TCP, which then needs a token: from
+                 `token_file` (a file only meshd's user can read) or $MESHD_TOKEN, never the command line
   kill_grace     10 s between SIGTERM and SIGKILL when a job is cancelled or preempted
   preempt_grace  60 s from a checkpoint-and-exit directive (jobs using meshsched.job) to SIGTERM
   systemd_scope  auto: under systemd each job runs in a transient scope (systemd-run --scope); yes | no
+  self_preempt_limit / self_preempt_backoff
+                 3 / 1 s: a job that exits 75 (resumable) with no preemption asked is requeued after
+                 backoff * 2^(n-1) s, and fails after `limit` such exits
+  log_max_mb     64: a rank's log past this size is rotated (newest half kept in rank<N>.log.1)
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+import stat
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -57,10 +64,14 @@ class DaemonConfig:
     node_name: str = ""
     http_tcp: str = ""
     token: str = ""
+    token_file: Path | None = None  # read at load time into `token`; must not be readable by others
     kill_grace: float = 10.0
     preempt_grace: float = 60.0  # checkpoint-and-exit directive -> SIGTERM, for jobs that speak meshsched.job
     use_mps: bool = False
     systemd_scope: str = "auto"  # each job in a transient systemd scope: auto (under systemd) | yes | no
+    self_preempt_limit: int = 3  # exits with code 75 that no preemption asked for, before the job fails
+    self_preempt_backoff: float = 1.0  # seconds before the first such requeue; doubles each time
+    log_max_mb: float = 64.0  # per rank log; past it the newest half moves to rank<N>.log.1
 
     @property
     def api_socket(self) -> Path:
@@ -87,10 +98,14 @@ class DaemonConfig:
             raise ConfigError(f"policy: {exc}") from None
         if self.fake_gpus < 0:
             raise ConfigError("fake_gpus must be >= 0")
-        if self.kill_grace < 0:
-            raise ConfigError("kill_grace must be >= 0")
-        if self.preempt_grace < 0:
-            raise ConfigError("preempt_grace must be >= 0")
+        if not (math.isfinite(self.log_max_mb) and self.log_max_mb > 0):
+            raise ConfigError(f"log_max_mb must be a finite number > 0, got {self.log_max_mb!r}")
+        for key in ("kill_grace", "preempt_grace", "self_preempt_backoff"):
+            value = getattr(self, key)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{key} must be a finite number >= 0, got {value!r}")
+        if self.self_preempt_limit < 0:
+            raise ConfigError("self_preempt_limit must be >= 0")
         if self.systemd_scope not in ("auto", "yes", "no"):
             raise ConfigError(f"systemd_scope must be auto, yes or no, got {self.systemd_scope!r}")
         if self.http_tcp and not self.token:
@@ -102,7 +117,7 @@ class DaemonConfig:
 
 def _coerce(name: str, kind: Any, value: Any, source: str) -> Any:
     try:
-        if kind in ("Path", Path):
+        if kind in ("Path", Path, "Path | None"):
             return Path(str(value)).expanduser()
         if kind in ("int", int):
             if isinstance(value, bool):
@@ -161,4 +176,21 @@ def load_config(
         cfg = replace(cfg, **values)
     if not cfg.node_name:
         cfg = replace(cfg, node_name=socket.gethostname().split(".")[0] or "localhost")
+    if cfg.token_file is not None:
+        cfg = replace(cfg, token=read_token_file(cfg.token_file))
     return cfg.validate()
+
+
+def read_token_file(path: Path) -> str:
+    """The bearer token in `path` (first line); refused when group or others may read the file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ConfigError(f"token_file {path}: {exc.strerror}") from None
+    with open(fd) as fh:
+        if stat.S_IMODE(os.fstat(fh.fileno()).st_mode) & 0o077:
+            raise ConfigError(f"token_file {path} is readable by others; `chmod 600 {path}`")
+        token = fh.readline().strip()
+    if not token:
+        raise ConfigError(f"token_file {path} is empty")
+    return token

@@ -1,7 +1,10 @@
 """The job socket: training processes talk to meshd in length-prefixed msgpack frames (meshsched.protocol).
 
-The peer is identified by SO_PEERCRED: its pid must belong to a running job's worker session, and a
-message naming another job is refused. A bad or oversized frame closes only that connection.
+The peer is identified by SO_PEERCRED when the connection is accepted, before a byte is read: its pid must
+belong to a running job's session, else it gets one error frame and is closed. A message naming another job
+is refused. A bad or oversized frame closes only that connection. A frame must arrive whole within
+FRAME_TIMEOUT once begun, a connection idle for IDLE_TIMEOUT is closed (meshsched.job reconnects), and a
+job holds at most MAX_PER_JOB connections (MAX_CONNECTIONS in all).
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from collections.abc import Awaitable, Callable
 from meshsched.protocol import HEADER, ProtocolError, decode_body, encode_frame, frame_length
 
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
+FRAME_TIMEOUT = 10.0  # seconds for the rest of a frame once its first byte arrived
+IDLE_TIMEOUT = 600.0  # seconds without a frame before the connection is closed
+MAX_PER_JOB = 256  # connections one job may hold open (ranks, their reporter threads, tools)
+MAX_CONNECTIONS = 1024
 
 
 def peer_pid(writer: asyncio.StreamWriter) -> int:
@@ -27,16 +34,27 @@ async def start_job_socket(daemon) -> Callable[[], Awaitable[None]]:
     """Serve the job socket of `daemon` (a NodeDaemon); returns the coroutine function that closes it."""
     path = daemon.config.job_socket
     path.unlink(missing_ok=True)
-    conns: set[asyncio.StreamWriter] = set()
+    conns: dict[asyncio.StreamWriter, str] = {}  # open connection -> its job
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conns.add(writer)
         try:
-            await _session(daemon, reader, writer)
-        except (asyncio.IncompleteReadError, ConnectionError):
+            pid = peer_pid(writer)
+            job_id = daemon.job_of_pid(pid)
+            if job_id is None:
+                refusal = f"process {pid} belongs to no running job"
+            elif len(conns) >= MAX_CONNECTIONS or sum(1 for j in conns.values() if j == job_id) >= MAX_PER_JOB:
+                refusal = f"too many open connections for job {job_id}; close some"
+            else:
+                refusal = ""
+            if refusal:
+                await asyncio.wait_for(_reply(writer, {"type": "error", "error": refusal}), FRAME_TIMEOUT)
+                return
+            conns[writer] = job_id
+            await _session(daemon, reader, writer, pid)
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, OSError):
             pass
         finally:
-            conns.discard(writer)
+            conns.pop(writer, None)
             writer.close()
 
     server = await asyncio.start_unix_server(serve, path=str(path))
@@ -52,16 +70,16 @@ async def start_job_socket(daemon) -> Callable[[], Awaitable[None]]:
     return close
 
 
-async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    pid = peer_pid(writer)
+async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int) -> None:
     rank: int | None = None  # said in `hello` by meshsched.job; directives go to rank 0's connection
     while True:
-        header = await reader.readexactly(HEADER.size)
+        first = await asyncio.wait_for(reader.readexactly(1), IDLE_TIMEOUT)
         try:
-            body = await reader.readexactly(frame_length(header))
+            header = first + await asyncio.wait_for(reader.readexactly(HEADER.size - 1), FRAME_TIMEOUT)
+            body = await asyncio.wait_for(reader.readexactly(frame_length(header)), FRAME_TIMEOUT)
             msg = decode_body(body)
         except ProtocolError as exc:
-            await _reply(writer, {"type": "error", "error": str(exc)})
+            await asyncio.wait_for(_reply(writer, {"type": "error", "error": str(exc)}), FRAME_TIMEOUT)
             return
         job_id = daemon.job_of_pid(pid)
         if job_id is None:
@@ -80,10 +98,12 @@ async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamW
                               rank=int(msg["rank"]) if "rank" in msg else None, **extra)
         elif kind == "checkpoint":
             daemon.job_checkpoint(job_id, float(msg["iterations"]))
-        reply = {"type": "ok", "job_id": job_id, "seq": msg.get("seq")}
+        seq = msg.get("seq")  # echoed only when it is a small int or string
+        seq = seq if isinstance(seq, (int, str)) and not isinstance(seq, bool) and len(str(seq)) < 64 else None
+        reply = {"type": "ok", "job_id": job_id, "seq": seq}
         if rank == 0 and daemon.directives.get(job_id):
             reply["directives"] = daemon.take_directives(job_id)
-        await _reply(writer, reply)
+        await asyncio.wait_for(_reply(writer, reply), FRAME_TIMEOUT)
 
 
 async def _reply(writer: asyncio.StreamWriter, message: dict) -> None:

@@ -2,6 +2,8 @@
 
 Only meshd writes it. One transaction per engine event (`batch()`); WAL with synchronous=NORMAL survives
 a killed daemon (kill -9) without losing a committed transaction. `mesh` never opens it: it asks meshd.
+A file that is not a readable journal raises JournalError with one line saying what to do; ids never go
+back below a floor the caller gives (the highest existing job directory), so a lost journal reuses nothing.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class JobRecord:
     pausing: bool = False  # a preemption was asked for: its exit means JobPaused
     exec: dict | None = None  # ExecConfig.to_dict(): how it trains (micro-batch, accumulation, MPS limits, plan)
     iterations_given: bool = True  # by `mesh submit --iters`; False: the script's declared total replaces it
+    cancelling: bool = False  # a cancel was asked for: CANCELLED once every process of the job is gone
+    self_preempts: int = 0  # exits with the resumable code that no preemption asked for
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -79,13 +83,24 @@ class JobRecord:
         return cls(**json.loads(text))
 
 
+class JournalError(RuntimeError):
+    """The journal cannot be opened or read (corrupt, not a database, unreadable)."""
+
+
 class Journal:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        try:
+            self._db = sqlite3.connect(str(path), isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(SCHEMA)
+            self._db.execute("SELECT count(*) FROM jobs").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise JournalError(
+                f"journal {path} is unusable ({exc}); move it aside to start with an empty queue "
+                "(job ids continue past the existing job directories)"
+            ) from None
         self._depth = 0
 
     @contextmanager
@@ -105,10 +120,11 @@ class Journal:
         if self._depth == 0:
             self._db.execute("COMMIT")
 
-    def next_seq(self) -> int:
+    def next_seq(self, floor: int = 1) -> int:
+        """The next job sequence number, never below `floor`."""
         with self.batch():
             row = self._db.execute("SELECT value FROM meta WHERE key='next_seq'").fetchone()
-            seq = int(row[0]) if row else 1
+            seq = max(int(row[0]) if row else 1, floor)
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('next_seq', ?)", (str(seq + 1),))
         return seq
 
@@ -125,7 +141,10 @@ class Journal:
 
     def load(self) -> list[JobRecord]:
         """All job records in submission order."""
-        return [JobRecord.from_json(r[0]) for r in self._db.execute("SELECT record FROM jobs ORDER BY seq")]
+        try:
+            return [JobRecord.from_json(r[0]) for r in self._db.execute("SELECT record FROM jobs ORDER BY seq")]
+        except (sqlite3.DatabaseError, ValueError, TypeError) as exc:
+            raise JournalError(f"journal is corrupt ({exc}); move it aside to start with an empty queue") from None
 
     def history(self, job_id: str) -> list[tuple[float, str, str]]:
         rows = self._db.execute("SELECT time, state, reason FROM transitions WHERE job_id=? ORDER BY id", (job_id,))

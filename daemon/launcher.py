@@ -4,6 +4,12 @@ A supervisor is spawned with posix_spawn(setsid) -- no shell, no fork of the dae
 watched through a pidfd registered with the event loop, so an exit is noticed without polling, both for
 supervisors this meshd started and for ones it re-adopted after a restart. PID reuse is guarded by the
 process start time in /proc/PID/stat.
+
+A job's GPUs are free only when every process of the job is gone: when a supervisor exits (or is killed),
+every process left in its session (and its scope cgroup under systemd) gets SIGKILL, and `on_exit` fires
+only once none is left. Stop and the kill timer act on that same set, never on direct children alone.
+The supervisor gets no meshd secret (MESHD_TOKEN*): its environment and launch.json are scrubbed, and the
+job directory and its files are private to meshd's user (0700 / 0600).
 """
 
 from __future__ import annotations
@@ -14,11 +20,26 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from meshsched.daemon.procs import cgroup_of, job_processes, kill_all
 from meshsched.daemon.supervisor import LaunchSpec
+
+SECRET_ENV = ("MESHD_TOKEN", "MESHD_TOKEN_FILE")  # never handed to a job
+REAP_INTERVAL = 0.05  # seconds between checks that a dead supervisor's session is empty
+
+
+def scrub_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment without meshd's secrets."""
+    return {k: v for k, v in env.items() if k not in SECRET_ENV}
+
+
+def job_marker(job_id: str) -> bytes:
+    """The environment entry every process of a job inherits (tells a job's process after a restart)."""
+    return f"MESH_JOB_ID={job_id}".encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,19 +74,26 @@ def read_outcome(job_dir: Path) -> Outcome:
         data = json.loads((job_dir / "result.json").read_text())
         return Outcome(str(data["status"]), str(data.get("reason") or ""))
     except (OSError, ValueError, KeyError):
-        return Outcome("lost", "the job's supervisor exited without a result")
+        from meshsched.daemon.supervisor import tail
+
+        why = tail(job_dir / "supervisor.log", 1)  # e.g. "cannot write result.json: No space left on device"
+        return Outcome("lost", "the job's supervisor exited without a result" + (f" ({why})" if why else ""))
 
 
 class Launcher:
     """Owns the pidfds of live supervisors; calls `on_exit(job_id, outcome)` when one ends."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[str, Outcome], None], systemd_run: str | None = None
+        self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[str, Outcome], None], systemd_run: str | None = None,
+        log_max_bytes: int | None = None,
     ) -> None:
         self._loop = loop
+        self._log_max_bytes = log_max_bytes  # overrides the spec's cap on each rank's log
         self._systemd_run = systemd_run  # path of systemd-run: each job gets its own transient scope
         self._on_exit = on_exit
         self._watched: dict[str, tuple[int, int, Path]] = {}  # job_id -> (pid, pidfd, job_dir)
+        self._cgroups: dict[str, str | None] = {}  # job_id -> its scope cgroup (systemd), if any
+        self._draining: dict[str, asyncio.TimerHandle] = {}  # supervisor gone, session not yet empty
         self._kill_timers: dict[str, asyncio.TimerHandle] = {}
 
     @property
@@ -87,10 +115,16 @@ class Launcher:
 
     def spawn(self, job_dir: Path, spec: LaunchSpec) -> tuple[int, str]:
         """Start the job's supervisor; returns (pid, start time)."""
-        job_dir.mkdir(parents=True, exist_ok=True)
+        env = scrub_env(spec.env)
+        env["MESH_JOB_ID"] = spec.job_id
+        spec = replace(spec, env=env, log_max_bytes=self._log_max_bytes or spec.log_max_bytes)
+        job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(job_dir, 0o700)
         (job_dir / "result.json").unlink(missing_ok=True)
         tmp = job_dir / "launch.json.tmp"
-        tmp.write_text(json.dumps(asdict(spec)))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "w") as fh:
+            fh.write(json.dumps(asdict(spec)))
         os.replace(tmp, job_dir / "launch.json")
         log = str(job_dir / "supervisor.log")
         argv = [sys.executable, "-m", "meshsched.daemon.supervisor", str(job_dir)]
@@ -101,32 +135,47 @@ class Launcher:
             argv[0], argv, spec.env,
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+                (os.POSIX_SPAWN_OPEN, 1, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
                 (os.POSIX_SPAWN_DUP2, 1, 2),
             ],
             setsid=True,
         )
         start = proc_start_time(pid) or ""
-        (job_dir / "supervisor.pid").write_text(f"{pid} {start}\n")  # finds an orphan after a crash
+        fd = os.open(job_dir / "supervisor.pid", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "w") as fh:
+            fh.write(f"{pid} {start}\n")  # finds an orphan after a crash
         self.watch(spec.job_id, pid, job_dir)
         return pid, start
 
-    def reap_orphan(self, job_dir: Path) -> int | None:
-        """SIGKILL the session of a supervisor that runs although the journal says its job is queued
-        (meshd crashed between spawning it and committing the launch); returns its pid if there was one."""
+    def reap_orphan(self, job_dir: Path, job_id: str = "") -> int | None:
+        """SIGKILL what runs of a job although the journal says it is queued (meshd crashed between spawning
+        it and committing the launch); returns the supervisor pid if anything was left."""
         try:
             pid_text, _, start = (job_dir / "supervisor.pid").read_text().strip().partition(" ")
             pid = int(pid_text)
         except (OSError, ValueError):
             return None
         (job_dir / "supervisor.pid").unlink(missing_ok=True)
-        if not start or proc_start_time(pid) != start:
-            return None
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return None
-        return pid
+        return pid if self.kill_leftovers(job_id, pid) else None
+
+    def kill_leftovers(self, job_id: str, sid: int) -> list[int]:
+        """After a restart: SIGKILL every process still in the session of the job's dead supervisor (ranks,
+        their children) and wait for them; a process counts only if its environment names the job, since
+        the session id may have been reused. Returns the pids that were killed."""
+        if not sid:
+            return []
+        marker = job_marker(job_id) if job_id else None
+        pids = job_processes(sid, environ_marker=marker)
+        killed = list(pids)
+        for _ in range(200):  # at most ~2 s: SIGKILL is not instant
+            if not pids:
+                break
+            kill_all(pids)
+            os.sched_yield()
+            pids = [p for p in pids if proc_start_time(p) is not None]
+            if pids:
+                time.sleep(0.01)
+        return killed
 
     def adopt(self, job_id: str, pid: int, start: str, job_dir: Path) -> bool:
         """Watch a supervisor a previous meshd started; False when it is gone (or the PID was reused)."""
@@ -141,34 +190,43 @@ class Launcher:
     def watch(self, job_id: str, pid: int, job_dir: Path) -> None:
         fd = os.pidfd_open(pid)
         self._watched[job_id] = (pid, fd, job_dir)
+        self._cgroups[job_id] = cgroup_of(pid)
         self._loop.add_reader(fd, self._exited, job_id)
 
+    def running(self, job_id: str) -> bool:
+        """True while any process of the job may still run (its supervisor, or what it left behind)."""
+        return job_id in self._watched or job_id in self._draining
+
     def stop(self, job_id: str, grace: float) -> None:
-        """SIGTERM the supervisor (it stops its ranks); SIGKILL the whole session if still alive later."""
+        """SIGTERM the supervisor (it stops its ranks); SIGKILL every process of the job if any is alive later."""
         entry = self._watched.get(job_id)
         if entry is None:
             return
         pid = entry[0]
+        self._refresh_cgroup(job_id, pid)
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             return
-        self._kill_timers[job_id] = self._loop.call_later(grace + 5.0, self._kill_session, job_id)
+        if job_id not in self._kill_timers:
+            self._kill_timers[job_id] = self._loop.call_later(grace + 5.0, self._kill_session, job_id)
 
     def _kill_session(self, job_id: str) -> None:
         self._kill_timers.pop(job_id, None)
         entry = self._watched.get(job_id)
         if entry is not None:
-            try:
-                os.killpg(entry[0], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self._refresh_cgroup(job_id, entry[0])
+            kill_all(job_processes(entry[0], self._cgroups.get(job_id)))
+
+    def _refresh_cgroup(self, job_id: str, pid: int) -> None:
+        """systemd-run moves the supervisor into its scope just after the spawn: look again while it lives."""
+        if self._cgroups.get(job_id) is None:
+            self._cgroups[job_id] = cgroup_of(pid)
 
     def _exited(self, job_id: str) -> None:
         pid, fd, job_dir = self._watched.pop(job_id)
         self._loop.remove_reader(fd)
         os.close(fd)
-        (job_dir / "supervisor.pid").unlink(missing_ok=True)
         timer = self._kill_timers.pop(job_id, None)
         if timer is not None:
             timer.cancel()
@@ -176,6 +234,18 @@ class Launcher:
             os.waitpid(pid, os.WNOHANG)  # reap it when it is our child
         except ChildProcessError:
             pass
+        self._drain(job_id, pid, job_dir)
+
+    def _drain(self, job_id: str, sid: int, job_dir: Path) -> None:
+        """The supervisor is gone: SIGKILL what is left of the job and report the exit once nothing is."""
+        self._draining.pop(job_id, None)
+        left = job_processes(sid, self._cgroups.get(job_id))
+        if left:
+            kill_all(left)
+            self._draining[job_id] = self._loop.call_later(REAP_INTERVAL, self._drain, job_id, sid, job_dir)
+            return
+        self._cgroups.pop(job_id, None)
+        (job_dir / "supervisor.pid").unlink(missing_ok=True)
         self._on_exit(job_id, read_outcome(job_dir))
 
     def close(self) -> None:
@@ -184,6 +254,7 @@ class Launcher:
             self._loop.remove_reader(fd)
             os.close(fd)
         self._watched.clear()
-        for timer in self._kill_timers.values():
+        for timer in [*self._kill_timers.values(), *self._draining.values()]:
             timer.cancel()
         self._kill_timers.clear()
+        self._draining.clear()

@@ -21,8 +21,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policy", help="scheduling policy (default sjf)")
     p.add_argument("--fake-gpus", type=int, help="serve N fake GPUs (default: NVML, else 8 fake)")
     p.add_argument("--node-name", help="this node's name (default: host name)")
-    p.add_argument("--http-tcp", help="also serve the API on HOST:PORT (needs --token or MESHD_TOKEN)")
-    p.add_argument("--token", help="bearer token for the TCP API")
+    p.add_argument("--http-tcp", help="also serve the API on HOST:PORT (needs --token-file or MESHD_TOKEN)")
+    p.add_argument("--token-file", type=Path, help="file holding the TCP API's bearer token (mode 0600)")
+    p.add_argument("--token", help=argparse.SUPPRESS)  # refused: a token on the command line is visible in ps
     p.add_argument("--kill-grace", type=float, help="seconds between SIGTERM and SIGKILL for a job")
     p.add_argument("--preempt-grace", type=float,
                    help="seconds a meshsched.job script gets to checkpoint and exit before SIGTERM (default 60)")
@@ -51,13 +52,16 @@ def run(config: DaemonConfig) -> None:
         runner = uvloop.run
     try:
         runner(serve(config))
-    except RuntimeError as exc:  # e.g. another meshd holds the state dir
+    except (RuntimeError, OSError) as exc:  # another meshd holds the dirs, corrupt journal, full disk, ...
         sys.exit(f"meshd: error: {exc}")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if k != "config"}
+    if args.token is not None:
+        sys.exit("meshd: error: --token would show the secret to every local user (ps); "
+                 "put it in a file (chmod 600) and pass --token-file FILE, or set MESHD_TOKEN")
+    overrides = {k: v for k, v in vars(args).items() if k not in ("config", "token")}
     try:
         config = load_config(args.config, overrides=overrides)
     except ConfigError as exc:

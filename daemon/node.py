@@ -25,6 +25,7 @@ from pathlib import Path
 from meshsched import events as ev
 from meshsched.actions import Kill, Launch, Preempt, Reconfigure, ScheduleTimer
 from meshsched.daemon.config import DaemonConfig
+from meshsched.daemon.dirs import highest_job_dir, private_dir
 from meshsched.daemon.gpus import GpuBackend, open_backend
 from meshsched.daemon.journal import Journal, JobRecord
 from meshsched.daemon.launcher import Launcher, Outcome, free_port, read_outcome
@@ -36,7 +37,7 @@ from meshsched.estimate import ProfileEstimator
 from meshsched.executor import check_handlers, dispatch
 from meshsched.perf.loader import installed_handle
 from meshsched.policies.registry import make_policy
-from meshsched.protocol import DEFAULT_ITERATIONS, SubmitRequest
+from meshsched.protocol import DEFAULT_ITERATIONS, PREEMPTED_EXIT_CODE, SubmitRequest
 from meshsched.state import ExecConfig, JobSpec, JobState, NodeSpec
 
 LOG = logging.getLogger("meshd")
@@ -84,6 +85,7 @@ class NodeDaemon:
         self._handlers = {Launch: self._launch, Preempt: self._preempt, Kill: self._kill,
                           Reconfigure: self._reconfigure, ScheduleTimer: self._arm_timer}
         check_handlers("meshd", self._handlers)
+        self._id_floor = 1  # new job ids continue past every existing job directory
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -94,10 +96,11 @@ class NodeDaemon:
         cfg = self.config
         loop = asyncio.get_running_loop()
         try:
-            cfg.state_dir.mkdir(parents=True, exist_ok=True)
-            cfg.jobs_dir.mkdir(exist_ok=True)
-            cfg.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+            for path in (cfg.state_dir, cfg.jobs_dir, cfg.runtime_dir):
+                private_dir(path)
             self._stack.callback(_lock(cfg.state_dir / "meshd.lock"))
+            self._stack.callback(_lock(cfg.runtime_dir / "meshd.lock"))  # before touching its sockets
+            self._id_floor = highest_job_dir(cfg.jobs_dir) + 1
             self.journal = Journal(cfg.journal_path)
             self._stack.callback(self.journal.close)
             self.gpus = open_backend(cfg.fake_gpus, cfg.gpu_type, cfg.gpu_memory_mb)
@@ -107,7 +110,8 @@ class NodeDaemon:
             self._stack.push_async_callback(self.mps.close)
             handle = installed_handle()  # models are read here, once, never inside a scheduling pass
             self.engine = Engine(make_policy(cfg.policy, handle), ProfileEstimator(handle.perf))
-            self.launcher = Launcher(loop, self._on_exit, _systemd_run(cfg.systemd_scope))
+            self.launcher = Launcher(loop, self._on_exit, _systemd_run(cfg.systemd_scope),
+                                     log_max_bytes=int(cfg.log_max_mb * 2**20))
             self._stack.callback(self.launcher.close)
             self._stack.callback(lambda: [t.cancel() for t in self._tasks])
             self._stack.callback(self._cancel_timer)
@@ -338,13 +342,23 @@ class NodeDaemon:
             with self.journal.batch():
                 self.journal.put(rec)
             return
+        if rec.cancelling:  # every process of the job is gone: now it is CANCELLED and its GPUs free
+            rec.cancelling = False
+            self.dispatch(ev.CancelRequested(self._sid("cancelled"), job_id))
+            return
         again = self._restart_for.pop(job_id, None)
         if again is not None and outcome.status == "preempted" and not rec.pausing:
             # checkpointed for a reconfiguration: the same GPUs, the new config, resumed from the checkpoint
             self._launch(Launch(job_id, job.gpus, job.checkpoint_iterations, job.restarts, again))
             self.dispatch(ev.ReconfigureApplied(self._sid("reconfigured"), job_id, again))
             return
-        self.dispatch(self._outcome_event(job_id, outcome, rec.pausing or job.state is JobState.PAUSING))
+        event = self._outcome_event(job_id, outcome, rec.pausing or job.state is JobState.PAUSING)
+        if isinstance(event, ev.JobFailed) and event.requeue:  # it exited resumable on its own: back off
+            delay = self.config.self_preempt_backoff * 2 ** (rec.self_preempts - 1)
+            LOG.warning("job %s exited resumable without a preemption; requeued in %.1f s", job_id, delay)
+            self._preempt_timers[job_id] = asyncio.get_running_loop().call_later(delay, self.dispatch, event)
+            return
+        self.dispatch(event)
 
     def _forget_run(self, job_id: str) -> None:
         """Drop what belonged to the job's last run (directives, throughput, the preemption timer)."""
@@ -361,6 +375,11 @@ class NodeDaemon:
         if outcome.status == "preempted":  # checkpointed and exited on its own: resumable either way
             if pausing:
                 return ev.JobPaused(self._sid("exit"), job_id, self.engine.state.jobs[job_id].checkpoint_iterations)
+            rec = self.records[job_id]
+            rec.self_preempts += 1
+            if rec.self_preempts > self.config.self_preempt_limit:
+                return ev.JobFailed(self._sid("exit"), job_id, f"exited {rec.self_preempts} times with code "
+                                    f"{PREEMPTED_EXIT_CODE} (resumable) although no preemption was asked for")
             return ev.JobFailed(self._sid("exit"), job_id, "exited resumable without a preemption", requeue=True)
         if outcome.status == "failed":
             return ev.JobFailed(self._sid("exit"), job_id, outcome.reason)
@@ -372,11 +391,14 @@ class NodeDaemon:
     # ---------------------------------------------------------------- recovery
 
     def _recover(self) -> None:
-        """Rebuild the engine from the journal; re-adopt live jobs, requeue the rest."""
+        """Rebuild the engine from the journal; re-adopt live jobs, requeue the rest. Outcomes of jobs that
+        ended while meshd was down (each may start a scheduling pass) wait until every record is back, so no
+        pass sees the GPUs of a live job that is not re-adopted yet as free."""
         inv = self.gpus.inventory()
         node = NodeSpec(self.config.node_name, len(inv), inv[0].name, inv[0].memory_total_mb)
         self.dispatch(ev.NodeJoined(self._sid("join"), node))
         ngpus = len(inv)
+        outcomes: list[ev.Event] = []
         for rec in self.journal.load():
             self.records[rec.job_id] = rec
             if rec.state in TERMINAL:
@@ -393,20 +415,30 @@ class NodeDaemon:
                 job_dir = Path(rec.job_dir)
                 if self.launcher.adopt(rec.job_id, rec.supervisor_pid, rec.supervisor_start, job_dir):
                     self.dispatch(adopt)
+                    if rec.cancelling:  # the cancel's kill timer died with the previous meshd
+                        self._execute(Kill(rec.job_id))
                     continue
+                left = self.launcher.kill_leftovers(rec.job_id, rec.supervisor_pid)
+                if left:
+                    LOG.warning("job %s: killed %d process(es) its dead supervisor left", rec.job_id, len(left))
                 self.dispatch(adopt)
                 outcome = read_outcome(job_dir)
-                if outcome.status == "lost" or (outcome.status == "terminated" and not rec.pausing):
+                if rec.cancelling:
+                    rec.cancelling = False
+                    outcomes.append(ev.CancelRequested(self._sid("recover"), rec.job_id))
+                elif outcome.status == "lost" or (outcome.status == "terminated" and not rec.pausing):
                     why = "meshd restarted and the job's processes were gone"
-                    self.dispatch(ev.JobFailed(self._sid("recover"), rec.job_id, why, requeue=True))
+                    outcomes.append(ev.JobFailed(self._sid("recover"), rec.job_id, why, requeue=True))
                 else:
-                    self.dispatch(self._outcome_event(rec.job_id, outcome, rec.pausing))
+                    outcomes.append(self._outcome_event(rec.job_id, outcome, rec.pausing))
                 continue
-            orphan = self.launcher.reap_orphan(Path(rec.job_dir))
+            orphan = self.launcher.reap_orphan(Path(rec.job_dir), rec.job_id)
             if orphan is not None:
                 LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
             self.dispatch(ev.JobRestored(self._sid("restore"), spec, rec.restarts > 0,
                                          rec.checkpoint_iterations, rec.restarts))
+        for event in outcomes:
+            self.dispatch(event)
         self.dispatch(ev.RecoveryDone(self._sid("recovered")))
         live = sum(1 for r in self.records.values() if r.state not in TERMINAL)
         LOG.info("recovered %d job record(s), %d not finished", len(self.records), live)
@@ -417,25 +449,32 @@ class NodeDaemon:
         total = self.engine.state.total_gpus
         if req.gpus > total:
             raise SubmitError(f"--gpus {req.gpus}: this node has only {total} GPU(s)")
-        seq = self.journal.next_seq()
+        seq = self.journal.next_seq(self._id_floor)
         job_id = str(seq)
         rec = JobRecord(
             job_id=job_id, seq=seq, gpus=req.gpus, model=req.model, batch_size=req.batch_size,
             iterations=req.iterations or DEFAULT_ITERATIONS, iterations_given=req.iterations is not None,
-            submit_time=time.time(), name=req.name or Path(_script(req.command)).name[:40],
+            submit_time=time.time(), name=req.name or _printable(Path(_script(req.command)).name[:40]),
             user=user, deadline=req.deadline, guaranteed=req.guaranteed, command=req.command, cwd=req.cwd,
             env=req.env, job_dir=str(self.config.jobs_dir / job_id),
         )
         spec = _spec(rec)  # validates
-        self.records[job_id] = rec
-        with self.journal.batch():
+        with self.journal.batch():  # durable first: a failed write (full disk) leaves no phantom job
             self.journal.put(rec)
             self.journal.transition(job_id, rec.submit_time, "PENDING", "submitted")
+        self.records[job_id] = rec
         self.dispatch(ev.JobSubmitted(self._sid("submit"), spec))
         return rec
 
     def cancel(self, job_id: str) -> JobRecord:
         rec = self.records[job_id]
+        if rec.state in HOLDING and self.launcher.running(job_id):
+            if not rec.cancelling:  # CANCELLED (and its GPUs free) once every process of it is gone
+                rec.cancelling = True
+                with self.journal.batch():
+                    self.journal.put(rec)
+                self._execute(Kill(job_id))
+            return rec
         if rec.state not in TERMINAL:
             self.dispatch(ev.CancelRequested(self._sid("cancel"), job_id))
         return rec
@@ -484,6 +523,8 @@ class NodeDaemon:
                 out["reason"] = self.engine.pending_reason(rec.job_id)
         start = rec.start_time
         out["elapsed"] = 0.0 if start is None else max(0.0, (rec.end_time or now) - start)
+        if rec.cancelling and rec.state in HOLDING:  # Slurm's word for "ending, processes still there"
+            out["state"], out["reason"] = "COMPLETING", "cancelled; waiting for its processes to exit"
         out["gpu_names"] = [self.engine.state.gpus[g].local_index for g in rec.assigned]
         if job is not None and job.state.holds_gpus:  # its colocation set: jobs sharing any of its GPUs
             gpus = self.engine.state.gpus
@@ -563,6 +604,11 @@ def _lock(path: Path):
 
 def _id_key(job_id: str) -> tuple:
     return (0, int(job_id), "") if job_id.isdigit() else (1, 0, job_id)
+
+
+def _printable(text: str) -> str:
+    """`text` with control characters (newlines, escapes) replaced by '?': it becomes a column of `mesh ls`."""
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _script(command: list[str]) -> str:

@@ -7,21 +7,37 @@ The outcome goes to JOB_DIR/result.json (written atomically) so that meshd learn
 restarted meanwhile: {"status": completed|failed|terminated|preempted, "rank", "exit_code", "reason"};
 "preempted" when ranks exited with PREEMPTED_EXIT_CODE (checkpointed on meshd's request) and none failed.
 Because it lives in its own session, restarting meshd does not stop a job.
+
+The job's processes are one unit: the supervisor is a child subreaper (orphaned grandchildren, daemonised or
+not, are re-parented to it), each rank dies with it (PR_SET_PDEATHSIG), and it exits only after every
+process left in its session or re-parented to it is gone -- so its exit means the job's GPUs are free.
+A SIGTERM that arrives while ranks are being spawned stops the ranks already started and spawns no more.
+A rank's log is capped at `log_max_bytes`: past it, the newest half moves to rank<N>.log.1 and the log
+starts again (a marker line says so).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from meshsched.daemon.procs import children, kill_all, session_members
 from meshsched.protocol import PREEMPTED_EXIT_CODE
 
 TAIL_LINES = 5
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+LOG_MAX_BYTES = 64 << 20
+POLL = 0.5  # seconds between log-size checks while ranks run
+CLEANUP_TIMEOUT = 10.0  # seconds to wait for left-over processes after SIGKILL (D state, NFS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +53,7 @@ class LaunchSpec:
     checkpoint_dir: str
     grace: float
     rank_envs: list[dict[str, str]] = field(default_factory=list)  # per rank, e.g. its GPU's MPS server
+    log_max_bytes: int = LOG_MAX_BYTES  # per rank log; rotated once past it
 
     @classmethod
     def load(cls, path: Path) -> LaunchSpec:
@@ -80,8 +97,55 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
 
 def write_result(job_dir: Path, result: dict) -> None:
     tmp = job_dir / "result.json.tmp"
-    tmp.write_text(json.dumps(result))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w") as fh:
+        fh.write(json.dumps(result))
     os.replace(tmp, job_dir / "result.json")
+
+
+def _prctl(option: int, arg: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, arg, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl failed")
+
+
+def _die_with(parent: int):
+    """preexec_fn of a rank: SIGKILL it when the supervisor dies (and at once if it already has)."""
+
+    def setup() -> None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return setup
+
+
+def rotate_log(path: Path, cap: int) -> bool:
+    """When `path` is over `cap` bytes, keep its newest cap/2 bytes in PATH.1 and restart it; True if so."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return False
+    if size <= cap:
+        return False
+    keep = max(1, cap // 2)
+    with open(path, "rb") as fh:
+        fh.seek(max(0, size - keep))
+        tail_bytes = fh.read(keep)
+    old = path.with_name(path.name + ".1")
+    tmp = path.with_name(path.name + ".1.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "wb") as fh:
+        fh.write(tail_bytes)
+    os.replace(tmp, old)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.ftruncate(fd, 0)  # the rank writes with O_APPEND: its next write lands at the new end
+        os.write(fd, f"[meshd: log rotated at {size} bytes; the previous {len(tail_bytes)} bytes are in "
+                     f"{old.name}, older output was dropped]\n".encode())
+    finally:
+        os.close(fd)
+    return True
 
 
 class Supervisor:
@@ -90,33 +154,45 @@ class Supervisor:
         self.spec = LaunchSpec.load(job_dir / "launch.json")
         self.procs: dict[int, subprocess.Popen] = {}  # pid -> worker
         self.rank_of: dict[int, int] = {}
+        self.signalled: set[int] = set()  # ranks that got SIGTERM
         self.stopping = False
         self.terminated = False
 
     def start(self) -> None:
         logs = self.job_dir / "logs"
-        logs.mkdir(exist_ok=True)
-        Path(self.spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        logs.mkdir(mode=0o700, exist_ok=True)
+        Path(self.spec.checkpoint_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        me = os.getpid()
         for rank in range(len(self.spec.local_gpus)):
-            with open(logs / f"rank{rank}.log", "ab") as out:
+            if self.stopping:  # SIGTERM while spawning: start no more ranks
+                break
+            fd = os.open(logs / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with open(fd, "ab") as out:
                 p = subprocess.Popen(
                     self.spec.command, cwd=self.spec.cwd, env=rank_env(self.spec, rank),
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with(me),
                 )
             self.procs[p.pid] = p
             self.rank_of[p.pid] = rank
+            if self.stopping:  # the SIGTERM came while this rank was being spawned: pass it on
+                self._term_live()
 
-    def stop_all(self) -> None:
-        """SIGTERM every live rank now, SIGKILL after the grace period (a timer, not a sleep)."""
-        if self.stopping:
-            return
-        self.stopping = True
-        for p in self.procs.values():
-            if p.returncode is None:
+    def _term_live(self) -> None:
+        for pid, p in self.procs.items():
+            if p.returncode is None and pid not in self.signalled:
+                self.signalled.add(pid)
                 try:
                     p.send_signal(signal.SIGTERM)
                 except ProcessLookupError:
                     pass
+
+    def stop_all(self) -> None:
+        """SIGTERM every live rank now, SIGKILL after the grace period (a timer, not a sleep)."""
+        if self.stopping:
+            self._term_live()
+            return
+        self.stopping = True
+        self._term_live()
         signal.setitimer(signal.ITIMER_REAL, max(self.spec.grace, 0.01))
 
     def kill_all(self) -> None:
@@ -128,34 +204,41 @@ class Supervisor:
                     pass
 
     def run(self) -> int:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
         signal.signal(signal.SIGTERM, lambda *_: self._on_term())
         signal.signal(signal.SIGINT, lambda *_: self._on_term())
         signal.signal(signal.SIGALRM, lambda *_: self.kill_all())
         self.start()
         failure: dict | None = None
         preempted = False
-        live = set(self.procs)
-        while live:
-            try:
-                pid, status = os.wait()
-            except ChildProcessError:
-                break
-            if pid not in live:
-                continue
-            live.discard(pid)
-            code = os.waitstatus_to_exitcode(status)
-            self.procs[pid].returncode = code
-            if code == PREEMPTED_EXIT_CODE:  # checkpointed and left on request: resumable, not a failure
-                preempted = True
-            elif code != 0 and failure is None and not self.terminated:
-                rank = self.rank_of[pid]
-                last = tail(self.job_dir / "logs" / f"rank{rank}.log")
-                why = f"exit code {code}" if code > 0 else f"signal {-code}"
-                failure = {
-                    "status": "failed", "rank": rank, "exit_code": code,
-                    "reason": f"rank {rank} failed ({why}): {last}" if last else f"rank {rank} failed ({why})",
-                }
-                self.stop_all()
+        pidfds = {pid: os.pidfd_open(pid) for pid in self.procs}
+        logs = [self.job_dir / "logs" / f"rank{r}.log" for r in range(len(self.spec.local_gpus))]
+        while pidfds:
+            select.select(list(pidfds.values()), [], [], POLL)
+            for log in logs:
+                rotate_log(log, self.spec.log_max_bytes)
+            for pid in list(pidfds):
+                try:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done, status = pid, 0
+                if not done:
+                    continue
+                os.close(pidfds.pop(pid))
+                code = os.waitstatus_to_exitcode(status)
+                self.procs[pid].returncode = code
+                if code == PREEMPTED_EXIT_CODE:  # checkpointed and left on request: resumable, not a failure
+                    preempted = True
+                elif code != 0 and failure is None and not self.terminated:
+                    rank = self.rank_of[pid]
+                    last = tail(self.job_dir / "logs" / f"rank{rank}.log")
+                    why = f"exit code {code}" if code > 0 else f"signal {-code}"
+                    failure = {
+                        "status": "failed", "rank": rank, "exit_code": code,
+                        "reason": f"rank {rank} failed ({why}): {last}" if last else f"rank {rank} failed ({why})",
+                    }
+                    self.stop_all()
+        self.clean_up()
         if self.terminated:
             result = {"status": "terminated", "rank": None, "exit_code": None, "reason": "terminated"}
         elif preempted and failure is None:
@@ -163,8 +246,33 @@ class Supervisor:
                       "reason": "checkpointed and exited on request (resumable)"}
         else:
             result = failure or {"status": "completed", "rank": None, "exit_code": 0, "reason": ""}
-        write_result(self.job_dir, result)
+        try:
+            write_result(self.job_dir, result)
+        except OSError as exc:  # e.g. a full disk: say so where meshd looks (supervisor.log, exit code)
+            print(f"supervisor: cannot write result.json: {exc}", file=sys.stderr, flush=True)
+            return 70
         return {"completed": 0, "failed": 1, "preempted": PREEMPTED_EXIT_CODE}.get(result["status"], 143)
+
+    def clean_up(self) -> None:
+        """SIGKILL what the ranks left behind (background children, daemonised grandchildren re-parented to
+        this subreaper, anything else in the session) and wait until none is left."""
+        me = os.getpid()
+        deadline = time.monotonic() + CLEANUP_TIMEOUT
+        while True:
+            left = set(session_members(me)) | set(children(me))
+            left.discard(me)
+            while True:  # reap whatever already exited
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if not pid:
+                    break
+                left.discard(pid)
+            if not left or time.monotonic() > deadline:
+                return
+            kill_all(sorted(left))
+            time.sleep(0.02)
 
     def _on_term(self) -> None:
         self.terminated = True

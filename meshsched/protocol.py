@@ -21,6 +21,7 @@ MESSAGE_TYPES = ("hello", "report", "checkpoint", "ping")  # job -> meshd
 REPLY_TYPES = ("ok", "error")  # meshd -> job; an "ok" may carry "directives" (list of maps with "kind")
 DEFAULT_ITERATIONS = 100  # a job's expected iterations when neither `mesh submit --iters` nor its script says
 PREEMPTED_EXIT_CODE = 75  # a rank that checkpointed and exited on request: preempted, resumable (EX_TEMPFAIL)
+MAX_NAME = 128  # characters of a job name or model name (they are columns of `mesh ls`)
 
 
 class ProtocolError(ValueError):
@@ -92,6 +93,18 @@ class FrameDecoder:
         return out
 
 
+def _label(key: str, value: Any) -> str:
+    """A name shown in listings: a string of at most MAX_NAME printable characters (no newline, no escape)."""
+    if not isinstance(value, str):
+        raise RequestError(f"{key} must be a string")
+    if len(value) > MAX_NAME:
+        raise RequestError(f"{key} is {len(value)} characters long; at most {MAX_NAME}")
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise RequestError(f"{key} must not contain control characters (found {bad!r})")
+    return value
+
+
 def _number(msg: dict[str, Any], key: str, minimum: float) -> float:
     value = msg.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -146,14 +159,19 @@ class SubmitRequest:
                 raise RequestError(f"{key} must be an integer >= 1, got {value!r}")
             ints[key] = value
         deadline = data.get("deadline")
-        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))):
-            raise RequestError("deadline must be a UNIX time in seconds")
+        if deadline is not None and (
+            isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline)
+        ):
+            raise RequestError("deadline must be a finite UNIX time in seconds")
         env = data.get("env", {})
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise RequestError("env must map strings to strings")
         for key in ("model", "name"):
-            if not isinstance(data.get(key, ""), str):
-                raise RequestError(f"{key} must be a string")
+            _label(key, data.get(key, ""))
+        if "\0" in cwd or any("\0" in a for a in command):
+            raise RequestError("command and cwd must not contain NUL characters")
+        if any("\0" in k or "=" in k or not k or "\0" in v for k, v in env.items()):
+            raise RequestError("env names must be non-empty, without '=' or NUL; values without NUL")
         return cls(
             command=list(command),
             cwd=cwd,

@@ -140,8 +140,8 @@ def test_submit_ls_show_logs_cancel(served, tmp_path, mesh):
     r = mesh("nodes")
     assert r.stdout.split()[:8] == ["NODE", "STATE", "GPUS", "FREE", "TYPE", "BACKEND", "POLICY", "QUEUE"]
     assert "fake" in r.stdout
-    r = mesh("cancel", second)
-    assert r.exit_code == 0 and r.stdout.strip() == f"job {second}: CANCELLED"
+    r = mesh("cancel", second)  # a running job is COMPLETING until its processes are gone
+    assert r.exit_code == 0 and ("COMPLETING" in r.output or "CANCELLED" in r.output)
 
 
 def test_ls_lists_what_the_full_view_says(served, tmp_path, mesh):

@@ -104,8 +104,11 @@ async def test_cancel_running_and_pending(daemon):
     pid = daemon.records[run.job_id].supervisor_pid
     daemon.cancel(queued.job_id)
     daemon.cancel(run.job_id)
-    assert state(daemon, run.job_id) == "CANCELLED" and state(daemon, queued.job_id) == "CANCELLED"
-    await wait_for(lambda: daemon.records[run.job_id].supervisor_pid == 0, what="supervisor exit")
+    assert state(daemon, queued.job_id) == "CANCELLED"
+    # its GPUs stay taken until its processes are gone: COMPLETING, then CANCELLED
+    assert daemon.job_view(daemon.records[run.job_id])["state"] == "COMPLETING"
+    await wait_for(lambda: state(daemon, run.job_id) == "CANCELLED", what="cancelled once its processes are gone")
+    assert daemon.records[run.job_id].supervisor_pid == 0
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 
