@@ -416,7 +416,7 @@ class NodeDaemon:
                 if self.launcher.adopt(rec.job_id, rec.supervisor_pid, rec.supervisor_start, job_dir):
                     self.dispatch(adopt)
                     if rec.cancelling:  # the cancel's kill timer died with the previous meshd
-                        self._execute(Kill(rec.job_id))
+                        self._kill(Kill(rec.job_id))
                     continue
                 left = self.launcher.kill_leftovers(rec.job_id, rec.supervisor_pid)
                 if left:
@@ -473,7 +473,7 @@ class NodeDaemon:
                 rec.cancelling = True
                 with self.journal.batch():
                     self.journal.put(rec)
-                self._execute(Kill(job_id))
+                self._kill(Kill(job_id))
             return rec
         if rec.state not in TERMINAL:
             self.dispatch(ev.CancelRequested(self._sid("cancel"), job_id))
