@@ -401,21 +401,21 @@ async def test_job_log_is_capped_while_it_runs(dirs):
 def test_mesh_logs_prints_all_of_a_big_log_and_says_when_it_was_rotated(served, tmp_path):
     from typer.testing import CliRunner
 
-    from tests.test_cli_jobs import _app
+    from meshsched.cli.main import app as typer_app
 
     script = tmp_path / "big.py"
     script.write_text("for i in range(150):\n    print(str(i).rjust(9999, '.'))\n")  # 1.5 MB
-    r = CliRunner().invoke(_app(), ["submit", str(script), "--json"])
+    r = CliRunner().invoke(typer_app, ["submit", str(script), "--json"])
     rec = served.records[json.loads(r.stdout)["job_id"]]
     for _ in range(300):
         if rec.state == "COMPLETED":
             break
         time.sleep(0.05)
-    r = CliRunner().invoke(_app(), ["logs", rec.job_id])
+    r = CliRunner().invoke(typer_app, ["logs", rec.job_id])
     assert r.exit_code == 0 and len(r.stdout) == 150 * 10000 and r.stdout.rstrip().endswith("149")
     assert "rotated" not in r.stderr
     (Path(rec.job_dir) / "logs" / "rank0.log.1").write_text("older\n")
-    r = CliRunner().invoke(_app(), ["logs", rec.job_id])
+    r = CliRunner().invoke(typer_app, ["logs", rec.job_id])
     assert "the log was rotated" in r.stderr and len(r.stdout) == 150 * 10000
 
 
@@ -453,18 +453,32 @@ async def test_corrupt_journal_is_one_clear_line(dirs):
 def test_permission_denied_on_the_api_socket_is_one_line(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from tests.test_cli_jobs import _app
+    from meshsched.cli.main import app as typer_app
 
     path = tmp_path / "api.sock"
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(str(path))
     monkeypatch.setenv("MESH_API_SOCKET", str(path))
 
-    def denied(self, addr):
-        raise PermissionError(13, "Permission denied")
+    import meshsched.cli.client as client_mod
 
-    monkeypatch.setattr(socket.socket, "connect", denied)
-    r = CliRunner().invoke(_app(), ["ls"])
+    real = client_mod.socket.socket
+
+    class Denied:  # the client speaks HTTP on the C-level socket module: patch what it calls
+        def __init__(self, *a):
+            self._s = real(*a)
+
+        def settimeout(self, t):
+            self._s.settimeout(t)
+
+        def connect(self, addr):
+            raise PermissionError(13, "Permission denied")
+
+        def close(self):
+            self._s.close()
+
+    monkeypatch.setattr(client_mod.socket, "socket", Denied)
+    r = CliRunner().invoke(typer_app, ["ls"])
     srv.close()
     assert r.exit_code == 1 and "permission denied on" in r.output and r.exception.__class__ is SystemExit
 
@@ -472,7 +486,7 @@ def test_permission_denied_on_the_api_socket_is_one_line(tmp_path, monkeypatch):
 def test_mesh_refuses_a_socket_owned_by_another_user(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from tests.test_cli_jobs import _app
+    from meshsched.cli.main import app as typer_app
 
     path = tmp_path / "api.sock"
     srv = socket.socket(socket.AF_UNIX)
@@ -481,7 +495,7 @@ def test_mesh_refuses_a_socket_owned_by_another_user(tmp_path, monkeypatch):
     real = os.lstat
     monkeypatch.setattr(os, "lstat", lambda p, *a, **k: os.stat_result(
         (*real(p)[:4], 4242, *real(p)[5:])) if str(p) == str(path) else real(p, *a, **k))
-    r = CliRunner().invoke(_app(), ["ls"])
+    r = CliRunner().invoke(typer_app, ["ls"])
     srv.close()
     assert r.exit_code == 1 and "belongs to uid 4242" in r.output
 
@@ -516,10 +530,10 @@ def test_nonfinite_graces_are_refused(key, value, tmp_path):
 def test_a_directory_is_not_called_missing(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from tests.test_cli_jobs import _app
+    from meshsched.cli.main import app as typer_app
 
     monkeypatch.setenv("MESH_API_SOCKET", str(tmp_path / "none.sock"))
-    r = CliRunner().invoke(_app(), ["submit", str(tmp_path)])
+    r = CliRunner().invoke(typer_app, ["submit", str(tmp_path)])
     assert r.exit_code == 2 and "is a directory" in r.output
-    r = CliRunner().invoke(_app(), ["submit", str(tmp_path / "nope.py")])
+    r = CliRunner().invoke(typer_app, ["submit", str(tmp_path / "nope.py")])
     assert r.exit_code == 2 and "does not exist" in r.output
