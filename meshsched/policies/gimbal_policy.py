@@ -1,0 +1,256 @@
+"""Gimbal as the calibration layer (`X+gimbal`): Algorithm 1 run over a job's packing set, answered as
+`Reconfigure` decisions (LGRR: the job's MPS share in 10% steps, a restart; LISS: per-rank samples, free).
+
+When it runs: after a job's progress or per-rank reports (meshd) and whenever its packing set changes (the
+engine's hook: a sharer starts training next to it, or a partner leaves). The packing set is the jobs
+training on GPUs connected to the job's through sharing; jobs still loading do not count (they do not
+compute yet). A set that breaks section 5.1's packing rules is not calibrated: its jobs go back to a full
+share and even samples (the paper runs such sets without coordination).
+
+The runtime information for Algorithm 1 (`gimbal.coordination_search`) is the MPS-share model's prediction
+(`perf/mps_share.py`, through `job_perf`), corrected per rank by the job's reported per-rank step times when
+it has them: the reports say which ranks straggle (each rank's measured/predicted ratio, normalised to mean 1
+over the job's ranks), the model gives the absolute level and the effect of a calibration not yet tried. So
+the search runs in one call on predictions, instead of exploring on the live jobs as the paper does; only
+the calibration it settles on is applied, and only that pays LGRR switches. What a live search would have
+paid is kept in the memo (`search_lgrr_s`).
+
+Readings and limits:
+- `ExecConfig` has one MPS share per job (meshd sets it for every rank's MPS client), so a step that squeezes
+  some of a job's workers is evaluated, and applied, as squeezing all of them to the lowest share.
+- An LGRR change is applied only when the objective's predicted gain (seconds) exceeds the switch cost
+  (`switch`, default the paper's 3.6 s); otherwise only LISS is applied where it gains.
+- Memory across calls lives in the engine (`Job.calibration`, a `CalibrationMemo` carried by the decisions):
+  without per-rank reports the search reruns only when the packing set changes; with reports, at most once per
+  collection window (60 s, section 5.2) and not while a change is still being applied. With reports a step must
+  gain more than the measurement noise (5%) to count.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+
+from meshsched.perf.errors import UnknownProfile
+from meshsched.perf.interference import DEFAULT_XI
+from meshsched.perf.mps_share import MpsShareModel
+from meshsched.policies.base import ClusterView, Reconfigure
+from meshsched.policies.gimbal import (
+    COLLECT_MAX_S,
+    LGRR_SWITCH_S,
+    MPS_MAX,
+    STRAGGLER_TOLERANCE,
+    Calibration,
+    JobCalibration,
+    JobPerf,
+    Objective,
+    PackedJob,
+    PackingSet,
+    Runtime,
+    WorkerSetting,
+    WorkerId,
+    check_mps_percent,
+    coordination_search,
+    liss,
+    model_evaluator,
+    packing_violation,
+    split_workers,
+)
+from meshsched.state import CalibrationMemo, ExecConfig, Job, JobState
+
+
+def job_perf(perf, mps: MpsShareModel, model: str, gpu_type: str, shape: tuple[int, ...], x: ExecConfig) -> JobPerf:
+    """A job's worker as the share model sees it, in seconds: alpha + beta * samples at a full share alone equals
+    the iteration model's step (perf.iteration_time) at the even per-GPU batch. The all-reduce and the
+    accumulation's extra passes are folded into alpha and beta in proportion, so a share, a partner or a sample
+    change scales the whole step, as the uncalibrated simulator's interference does. The share curve is the
+    family's at the micro-batch (what occupies the GPU at once)."""
+    solo = perf.iteration_time(model, gpu_type, shape, x.per_gpu_batch, x.accumulation)
+    p = perf.profile(model, gpu_type).params
+    fixed, per_sample = x.accumulation * p.alpha_comp, p.beta_comp
+    k = solo / (fixed + per_sample * x.per_gpu_batch)
+    return JobPerf(fixed * k, per_sample * k, mps.curve(model, x.micro_batch))
+
+
+def is_calibrated(x: ExecConfig | None) -> bool:
+    """Whether a job trains under a calibration (a reduced MPS share or uneven samples)."""
+    return x is not None and (x.mps_percentage != MPS_MAX or x.local_batches is not None)
+
+
+def uncalibrated(x: ExecConfig) -> ExecConfig:
+    return replace(x, mps_percentage=MPS_MAX, local_batches=None)
+
+
+@dataclass
+class GimbalCalibration:
+    """The calibration layer: `calibrate(view, job, now)` -> Reconfigure decisions for the job's packing set."""
+
+    objective: Objective
+    perf: object  # meshsched.perf.PerfModel
+    interference: object  # meshsched.perf.interference.Interference
+    mps_share: MpsShareModel
+    switch_s: float = LGRR_SWITCH_S
+    name: str = "gimbal"
+
+    def calibrate(self, view: ClusterView, job: Job, now: float) -> list[Reconfigure]:
+        if job.state is not JobState.RUNNING:
+            return []
+        members = self._packing_members(view, job)
+        if len(members) == 1:
+            return self._reset([job], now, "gimbal: trains alone; full share, even samples")
+        placements = {j.job_id: tuple((view.node_of(g), g) for g in j.gpus) for j in members}
+        why = packing_violation(placements)
+        if why is not None:
+            return self._reset(members, now, f"gimbal: not calibrated ({why})")
+        sig = tuple((j.job_id, j.gpus) for j in members)
+        measured = {j.job_id for j in members if _reports(j)}
+        memo = job.calibration
+        if memo is not None and memo.packing == sig and (not measured or now - memo.at < COLLECT_MAX_S):
+            return []
+        if any(j.exec_pending is not None for j in members):
+            return []  # a change is still being applied: its effect is not measured yet
+        try:
+            return self._search(view, members, placements, sig, measured, now)
+        except (UnknownProfile, ValueError):
+            return []  # a job without a profile, or a share outside LGRR's steps: left as it is
+
+    # -- the packing set -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _packing_members(view: ClusterView, job: Job) -> list[Job]:
+        """Training jobs connected to `job` through shared GPUs (itself included), sorted by id."""
+        on_gpu: dict[int, list[Job]] = {}
+        for j in view.holding():
+            if j.state is JobState.RUNNING:
+                for g in j.gpus:
+                    on_gpu.setdefault(g, []).append(j)
+        seen, todo = {job.job_id: job}, [job]
+        while todo:
+            j = todo.pop()
+            for g in j.gpus:
+                for o in on_gpu.get(g, ()):
+                    if o.job_id not in seen:
+                        seen[o.job_id] = o
+                        todo.append(o)
+        return [seen[k] for k in sorted(seen)]
+
+    def _reset(self, jobs: list[Job], now: float, reason: str) -> list[Reconfigure]:
+        out = []
+        for j in jobs:
+            current = _current(j)
+            if is_calibrated(current):
+                new = uncalibrated(current)
+                out.append(Reconfigure(j.job_id, new, reason, _count(j, None, now, current, new, self.switch_s)))
+        return out
+
+    # -- Algorithm 1 on predictions ----------------------------------------------------------------------
+
+    def _search(self, view, members, placements, sig, measured, now) -> list[Reconfigure]:
+        perf_of, packed, initial = {}, [], []
+        for j in members:
+            x = _current(j)
+            check_mps_percent(x.mps_percentage)
+            gpu_type = view.gpu_type(j.gpus[0])
+            shape = tuple(sorted(_count_by(view.node_of(g) for g in j.gpus), reverse=True))
+            jp = job_perf(self.perf, self.mps_share, j.spec.model, gpu_type, shape, x)
+            perf_of[j.job_id] = jp
+            left = max(0.0, j.spec.iterations - j.iterations_at(now))
+            deadline = None if j.spec.deadline is None else j.spec.deadline - now
+            packed.append(PackedJob(j.job_id, placements[j.job_id], left, jp.curve.saturation, deadline))
+            initial.append(JobCalibration(j.job_id, tuple(WorkerSetting(x.mps_percentage, b)
+                                                          for b in x.samples(len(j.gpus)))))
+        pset, start = PackingSet(tuple(packed)), Calibration(tuple(initial))
+        by_id = {j.job_id: j for j in members}
+
+        def xi(a: str, b: str) -> float:
+            ja, jb = by_id[a], by_id[b]
+            got = self.interference.xi(ja.spec.model, _current(ja).micro_batch, jb.spec.model,
+                                       _current(jb).micro_batch, view.gpu_type(ja.gpus[0]))
+            return DEFAULT_XI if got is None else got[0]
+
+        model = model_evaluator(pset, perf_of, xi, self.mps_share)
+        correction = self._corrections(pset, model(start), by_id, measured)
+
+        def evaluate(cal: Calibration) -> Runtime:
+            rt = model(_one_share_per_job(cal))
+            return Runtime({w: t * correction.get(w, 1.0) for w, t in rt.worker_step_s.items()}, rt.comm_s)
+
+        noise = STRAGGLER_TOLERANCE if measured else 0.0
+        r = coordination_search(pset, start, evaluate, self.objective, lgrr_switch_s=self.switch_s, min_gain=noise)
+        best, gain = _one_share_per_job(r.best), r.initial_objective - r.best_objective
+        lgrr = any(a.mps_percent != b.mps_percent for jc in start.jobs
+                   for a, b in zip(jc.settings, best.job(jc.job).settings))
+        reason = f"gimbal {self.objective.name}: {self.objective.name} objective {r.initial_objective:.0f}s -> "
+        if lgrr and gain <= self.switch_s:  # an LGRR switch would cost more than it gains: LISS only
+            best, lgrr = _liss_only(pset, start, evaluate, self.objective, noise), False
+            reason += f"{self.objective.value(pset, evaluate(best)):.0f}s (LISS only; LGRR gain {gain:.1f}s < switch)"
+        else:
+            reason += f"{self.objective.value(pset, evaluate(best)):.0f}s in {len(r.steps)} step(s), {r.exit}"
+        out = []
+        for j in members:
+            current = _current(j)
+            settings = best.job(j.job_id).settings
+            samples = tuple(s.samples for s in settings)
+            new = replace(current, mps_percentage=settings[0].mps_percent,
+                          local_batches=None if len(set(samples)) == 1 else samples)
+            lead = r.switch_cost_s if j.job_id == pset.j_max.job else 0.0
+            out.append(Reconfigure(j.job_id, new, reason, _count(j, sig, now, current, new, self.switch_s, lead)))
+        return out
+
+    @staticmethod
+    def _corrections(pset: PackingSet, predicted: Runtime, by_id, measured) -> dict[WorkerId, float]:
+        """Per rank: measured/predicted step, normalised to mean 1 over the job's ranks (which ranks straggle)."""
+        out = {}
+        for pj in pset.jobs:
+            if pj.job not in measured:
+                continue
+            ws = pj.workers()
+            ratio = [m / predicted.worker_step_s[w] for w, m in zip(ws, by_id[pj.job].rank_step_times)]
+            mean = statistics.fmean(ratio)
+            out.update({w: q / mean for w, q in zip(ws, ratio)})
+        return out
+
+
+def _current(j: Job) -> ExecConfig:
+    return j.exec_pending or j.exec or ExecConfig.default_for(j.spec)
+
+
+def _reports(j: Job) -> bool:
+    t = j.rank_step_times
+    return len(t) == len(j.gpus) and all(v > 0 and math.isfinite(v) for v in t)
+
+
+def _count_by(items) -> list[int]:
+    out: dict = {}
+    for i in items:
+        out[i] = out.get(i, 0) + 1
+    return list(out.values())
+
+
+def _one_share_per_job(cal: Calibration) -> Calibration:
+    """One MPS share per job (ExecConfig's): the lowest its workers were given."""
+    return Calibration(tuple(
+        JobCalibration(jc.job, tuple(replace(s, mps_percent=min(t.mps_percent for t in jc.settings))
+                                     for s in jc.settings))
+        for jc in cal.jobs))
+
+
+def _liss_only(pset, start: Calibration, evaluate, objective, noise: float) -> Calibration:
+    """The start with LISS rebalancing every straggling job, if that lowers the objective by more than `noise`."""
+    rt = evaluate(start)
+    moves = [p for j in pset.jobs if split_workers(j, rt)[0] for p in liss(j, start, rt)]
+    cal = start.apply(moves)
+    before, after = objective.value(pset, rt), objective.value(pset, evaluate(cal))
+    return cal if after < before - noise * abs(before) else start
+
+
+def _count(j: Job, sig, now: float, current: ExecConfig, new: ExecConfig, switch_s: float,
+           search_s: float = 0.0) -> CalibrationMemo:
+    m = j.calibration or CalibrationMemo((), now)
+    changed, lgrr = new != current, new.mps_percentage != current.mps_percentage
+    return CalibrationMemo(
+        packing=sig if sig is not None else (), at=now, searches=m.searches + (sig is not None),
+        changes=m.changes + changed, lgrr_changes=m.lgrr_changes + lgrr,
+        lgrr_paid_s=m.lgrr_paid_s + (switch_s if lgrr else 0.0), search_lgrr_s=m.search_lgrr_s + search_s,
+    )
