@@ -164,6 +164,8 @@ class CalibrationMemo:
     lgrr_changes: int = 0  # of which changed its MPS share (LGRR: a restart)
     lgrr_paid_s: float = 0.0  # LGRR switch time charged for them
     search_lgrr_s: float = 0.0  # switch time Algorithm 1 would have paid exploring live (sets this job led)
+    done: float = 0.0  # iterations it estimated done at `at` (newer than the engine's when no report came since)
+    step_s: float = 0.0  # seconds per step it predicted from `at` on, under the calibration it chose
 
 
 @dataclass(slots=True)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 
 from meshsched.perf.errors import UnknownProfile
 from meshsched.perf.interference import DEFAULT_XI
-from meshsched.perf.mps_share import MpsShareModel
+from meshsched.perf.mps_share import MpsShareModel, Partner
 from meshsched.policies.base import ClusterView, Reconfigure
 from meshsched.policies.gimbal import (
     COLLECT_MAX_S,
@@ -53,7 +53,6 @@ from meshsched.policies.gimbal import (
     check_mps_percent,
     coordination_search,
     liss,
-    model_evaluator,
     packing_violation,
     split_workers,
 )
@@ -78,10 +77,6 @@ def is_calibrated(x: ExecConfig | None) -> bool:
     return x is not None and (x.mps_percentage != MPS_MAX or x.local_batches is not None)
 
 
-def uncalibrated(x: ExecConfig) -> ExecConfig:
-    return replace(x, mps_percentage=MPS_MAX, local_batches=None)
-
-
 @dataclass
 class GimbalCalibration:
     """The calibration layer: `calibrate(view, job, now)` -> Reconfigure decisions for the job's packing set."""
@@ -97,12 +92,6 @@ class GimbalCalibration:
         if job.state is not JobState.RUNNING:
             return []
         members = self._packing_members(view, job)
-        if len(members) == 1:
-            return self._reset([job], now, "gimbal: trains alone; full share, even samples")
-        placements = {j.job_id: tuple((view.node_of(g), g) for g in j.gpus) for j in members}
-        why = packing_violation(placements)
-        if why is not None:
-            return self._reset(members, now, f"gimbal: not calibrated ({why})")
         sig = tuple((j.job_id, j.gpus) for j in members)
         measured = {j.job_id for j in members if _reports(j)}
         memo = job.calibration
@@ -111,7 +100,7 @@ class GimbalCalibration:
         if any(j.exec_pending is not None for j in members):
             return []  # a change is still being applied: its effect is not measured yet
         try:
-            return self._search(view, members, placements, sig, measured, now)
+            return self._calibrate_set(view, members, sig, measured, now)
         except (UnknownProfile, ValueError):
             return []  # a job without a profile, or a share outside LGRR's steps: left as it is
 
@@ -135,18 +124,9 @@ class GimbalCalibration:
                         todo.append(o)
         return [seen[k] for k in sorted(seen)]
 
-    def _reset(self, jobs: list[Job], now: float, reason: str) -> list[Reconfigure]:
-        out = []
-        for j in jobs:
-            current = _current(j)
-            if is_calibrated(current):
-                new = uncalibrated(current)
-                out.append(Reconfigure(j.job_id, new, reason, _count(j, None, now, current, new, self.switch_s)))
-        return out
-
     # -- Algorithm 1 on predictions ----------------------------------------------------------------------
 
-    def _search(self, view, members, placements, sig, measured, now) -> list[Reconfigure]:
+    def _calibrate_set(self, view, members, sig, measured, now) -> list[Reconfigure]:
         perf_of, packed, initial = {}, [], []
         for j in members:
             x = _current(j)
@@ -155,12 +135,13 @@ class GimbalCalibration:
             shape = tuple(sorted(_count_by(view.node_of(g) for g in j.gpus), reverse=True))
             jp = job_perf(self.perf, self.mps_share, j.spec.model, gpu_type, shape, x)
             perf_of[j.job_id] = jp
-            left = max(0.0, j.spec.iterations - j.iterations_at(now))
+            left = max(0.0, j.spec.iterations - _done(j, now))
             deadline = None if j.spec.deadline is None else j.spec.deadline - now
-            packed.append(PackedJob(j.job_id, placements[j.job_id], left, jp.curve.saturation, deadline))
+            gpus = tuple((view.node_of(g), g) for g in j.gpus)
+            packed.append(PackedJob(j.job_id, gpus, left, jp.curve.saturation, deadline))
             initial.append(JobCalibration(j.job_id, tuple(WorkerSetting(x.mps_percentage, b)
                                                           for b in x.samples(len(j.gpus)))))
-        pset, start = PackingSet(tuple(packed)), Calibration(tuple(initial))
+        start = Calibration(tuple(initial))
         by_id = {j.job_id: j for j in members}
 
         def xi(a: str, b: str) -> float:
@@ -169,24 +150,39 @@ class GimbalCalibration:
                                        _current(jb).micro_batch, view.gpu_type(ja.gpus[0]))
             return DEFAULT_XI if got is None else got[0]
 
-        model = model_evaluator(pset, perf_of, xi, self.mps_share)
+        def model(cal: Calibration) -> Runtime:
+            return _runtime(packed, perf_of, xi, self.mps_share, _one_share_per_job(cal))
+
+        if len(members) == 1:
+            why = "trains alone: full share, even samples"
+        else:
+            why = packing_violation({pj.job: pj.gpus for pj in packed})
+            why = None if why is None else f"not calibrated ({why}): full share, even samples"
+        if why is not None:
+            best = Calibration(tuple(JobCalibration.even(jc.job, jc.global_batch, len(jc.settings)) for jc in start.jobs))
+            return self._decide(members, sig, start, best, model(best), None, now, f"gimbal: {why}")
+        pset = PackingSet(tuple(packed))
         correction = self._corrections(pset, model(start), by_id, measured)
 
         def evaluate(cal: Calibration) -> Runtime:
-            rt = model(_one_share_per_job(cal))
+            rt = model(cal)
             return Runtime({w: t * correction.get(w, 1.0) for w, t in rt.worker_step_s.items()}, rt.comm_s)
 
         noise = STRAGGLER_TOLERANCE if measured else 0.0
         r = coordination_search(pset, start, evaluate, self.objective, lgrr_switch_s=self.switch_s, min_gain=noise)
         best, gain = _one_share_per_job(r.best), r.initial_objective - r.best_objective
-        lgrr = any(a.mps_percent != b.mps_percent for jc in start.jobs
-                   for a, b in zip(jc.settings, best.job(jc.job).settings))
-        reason = f"gimbal {self.objective.name}: {self.objective.name} objective {r.initial_objective:.0f}s -> "
+        lgrr = _mps_changed(start, best)
+        name = self.objective.name
+        reason = f"gimbal {name}: objective {r.initial_objective:.0f}s -> "
         if lgrr and gain <= self.switch_s:  # an LGRR switch would cost more than it gains: LISS only
-            best, lgrr = _liss_only(pset, start, evaluate, self.objective, noise), False
+            best = _liss_only(pset, start, evaluate, self.objective, noise)
             reason += f"{self.objective.value(pset, evaluate(best)):.0f}s (LISS only; LGRR gain {gain:.1f}s < switch)"
         else:
             reason += f"{self.objective.value(pset, evaluate(best)):.0f}s in {len(r.steps)} step(s), {r.exit}"
+        return self._decide(members, sig, start, best, evaluate(best), (pset.j_max.job, r.switch_cost_s), now, reason)
+
+    def _decide(self, members, sig, start, best, runtime, lead, now, reason) -> list[Reconfigure]:
+        """One decision per member (the memo rides on it even when its config stays)."""
         out = []
         for j in members:
             current = _current(j)
@@ -194,8 +190,16 @@ class GimbalCalibration:
             samples = tuple(s.samples for s in settings)
             new = replace(current, mps_percentage=settings[0].mps_percent,
                           local_batches=None if len(set(samples)) == 1 else samples)
-            lead = r.switch_cost_s if j.job_id == pset.j_max.job else 0.0
-            out.append(Reconfigure(j.job_id, new, reason, _count(j, sig, now, current, new, self.switch_s, lead)))
+            step = max(runtime.worker_step_s[WorkerId(j.job_id, r)] for r in range(len(settings)))
+            m = j.calibration or CalibrationMemo((), now)
+            changed, lgrr = new != current, new.mps_percentage != current.mps_percentage
+            memo = CalibrationMemo(
+                packing=sig, at=now, searches=m.searches + (lead is not None), changes=m.changes + changed,
+                lgrr_changes=m.lgrr_changes + lgrr, lgrr_paid_s=m.lgrr_paid_s + (self.switch_s if lgrr else 0.0),
+                search_lgrr_s=m.search_lgrr_s + (lead[1] if lead is not None and lead[0] == j.job_id else 0.0),
+                done=_done(j, now), step_s=step,
+            )
+            out.append(Reconfigure(j.job_id, new, reason, memo))
         return out
 
     @staticmethod
@@ -210,6 +214,38 @@ class GimbalCalibration:
             mean = statistics.fmean(ratio)
             out.update({w: q / mean for w, q in zip(ws, ratio)})
         return out
+
+
+def _runtime(jobs, perf_of, xi, model: MpsShareModel, cal: Calibration) -> Runtime:
+    """Each worker's predicted step under `cal`, its GPU partner's share and curve included (any layout)."""
+    on_gpu: dict = {}
+    for j in jobs:
+        for w, g in zip(j.workers(), j.gpus):
+            on_gpu.setdefault(g, []).append(w)
+    steps = {}
+    for j in jobs:
+        p = perf_of[j.job]
+        for w, g in zip(j.workers(), j.gpus):
+            s = cal.setting(w)
+            partner = None
+            for o in on_gpu[g]:
+                if o.job != j.job:
+                    partner = Partner(xi(j.job, o.job), perf_of[o.job].curve, cal.setting(o).mps_percent / 100)
+            steps[w] = model.worker_step_s(p.alpha_s, p.beta_s, s.samples, p.curve, s.mps_percent / 100, partner)
+    return Runtime(steps)
+
+
+def _done(j: Job, now: float) -> float:
+    """Iterations done by `now`: from the memo's prediction when it is newer than anything the job reported
+    (the simulator sends no reports; the engine's own estimate assumes the solo speed), else the engine's."""
+    m = j.calibration
+    if m is not None and m.step_s > 0 and m.at >= max(j.progress_time, j.since):
+        return min(float(j.spec.iterations), m.done + (now - m.at) / m.step_s)
+    return j.iterations_at(now)
+
+
+def _mps_changed(a: Calibration, b: Calibration) -> bool:
+    return any(x.mps_percent != y.mps_percent for jc in a.jobs for x, y in zip(jc.settings, b.job(jc.job).settings))
 
 
 def _current(j: Job) -> ExecConfig:
@@ -243,14 +279,3 @@ def _liss_only(pset, start: Calibration, evaluate, objective, noise: float) -> C
     cal = start.apply(moves)
     before, after = objective.value(pset, rt), objective.value(pset, evaluate(cal))
     return cal if after < before - noise * abs(before) else start
-
-
-def _count(j: Job, sig, now: float, current: ExecConfig, new: ExecConfig, switch_s: float,
-           search_s: float = 0.0) -> CalibrationMemo:
-    m = j.calibration or CalibrationMemo((), now)
-    changed, lgrr = new != current, new.mps_percentage != current.mps_percentage
-    return CalibrationMemo(
-        packing=sig if sig is not None else (), at=now, searches=m.searches + (sig is not None),
-        changes=m.changes + changed, lgrr_changes=m.lgrr_changes + lgrr,
-        lgrr_paid_s=m.lgrr_paid_s + (switch_s if lgrr else 0.0), search_lgrr_s=m.search_lgrr_s + search_s,
-    )

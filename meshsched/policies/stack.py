@@ -23,9 +23,9 @@ class PolicyHandle:
 
     perf: object | None = None  # meshsched.perf.PerfModel
     interference: object | None = None  # meshsched.perf.interference.Interference
-    mps_share: object | None = None  # meshsched.perf.mps_share.MpsShareModel (None: a builder loads it)
     seed: int = 1
     rng: random.Random = field(default=None, compare=False)  # type: ignore[assignment]
+    mps_share: object | None = None  # meshsched.perf.mps_share.MpsShareModel (None: the gimbal builder loads it)
 
     def __post_init__(self) -> None:
         if self.rng is None:
