@@ -16,6 +16,12 @@ the calibration it settles on is applied, and only that pays LGRR switches. What
 paid is kept in the memo (`search_lgrr_s`).
 
 Readings and limits:
+- Remaining time (RemainingSteps / Throughput in eq. 1, 3, 5) with `horizon=drain` (the default) follows the
+  set as it drains: the calibration's throughput lasts until the first job of the set finishes, then the
+  others go on with the partners that remain (a job left with no partner at a full share and even samples, as
+  this layer resets it), and so on. `horizon=static` is the paper's form, the current throughput until each
+  job ends; it credits J_max with its partners' squeeze long after short partners would have finished, and on
+  Philly slices it squeezed short 1-GPU partners of long 8-GPU jobs to 10% for hours.
 - `ExecConfig` has one MPS share per job (meshd sets it for every rank's MPS client), so a step that squeezes
   some of a job's workers is evaluated, and applied, as squeezing all of them to the lowest share.
 - An LGRR change is applied only when the objective's predicted gain (seconds) exceeds the switch cost
@@ -30,7 +36,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from meshsched.perf.errors import UnknownProfile
 from meshsched.perf.interference import DEFAULT_XI
@@ -86,6 +93,7 @@ class GimbalCalibration:
     interference: object  # meshsched.perf.interference.Interference
     mps_share: MpsShareModel
     switch_s: float = LGRR_SWITCH_S
+    drain: bool = True  # remaining time as the set drains (see the module docstring); False: the paper's static
     name: str = "gimbal"
 
     def calibrate(self, view: ClusterView, job: Job, now: float) -> list[Reconfigure]:
@@ -153,20 +161,29 @@ class GimbalCalibration:
         def model(cal: Calibration) -> Runtime:
             return _runtime(packed, perf_of, xi, self.mps_share, _one_share_per_job(cal))
 
-        if len(members) == 1:
-            why = "trains alone: full share, even samples"
-        else:
-            why = packing_violation({pj.job: pj.gpus for pj in packed})
-            why = None if why is None else f"not calibrated ({why}): full share, even samples"
+        correction = self._corrections(packed, model(start), by_id, measured)
+
+        def corrected(active, cal: Calibration) -> Runtime:
+            rt = _runtime(active, perf_of, xi, self.mps_share, cal)
+            return Runtime({w: t * correction.get(w, 1.0) for w, t in rt.worker_step_s.items()})
+
+        even = Calibration(tuple(JobCalibration.even(jc.job, jc.global_batch, len(jc.settings)) for jc in start.jobs))
+        if len(members) == 1:  # alone: a full share, samples balanced on the (reported) rank speeds
+            best = _alone(packed, even, {members[0].job_id}, corrected)
+            return self._decide(members, sig, start, best, corrected(packed, best), None, now,
+                                "gimbal: trains alone: full share, balanced samples")
+        why = packing_violation({pj.job: pj.gpus for pj in packed})
         if why is not None:
-            best = Calibration(tuple(JobCalibration.even(jc.job, jc.global_batch, len(jc.settings)) for jc in start.jobs))
-            return self._decide(members, sig, start, best, model(best), None, now, f"gimbal: {why}")
+            return self._decide(members, sig, start, even, model(even), None, now,
+                                f"gimbal: not calibrated ({why}): full share, even samples")
         pset = PackingSet(tuple(packed))
-        correction = self._corrections(pset, model(start), by_id, measured)
 
         def evaluate(cal: Calibration) -> Runtime:
-            rt = model(cal)
-            return Runtime({w: t * correction.get(w, 1.0) for w, t in rt.worker_step_s.items()}, rt.comm_s)
+            cal = _one_share_per_job(cal)
+            rt = corrected(packed, cal)
+            if not self.drain:
+                return rt
+            return DrainRuntime(rt.worker_step_s, rt.comm_s, _drain(packed, cal, rt, corrected))
 
         noise = STRAGGLER_TOLERANCE if measured else 0.0
         r = coordination_search(pset, start, evaluate, self.objective, lgrr_switch_s=self.switch_s, min_gain=noise)
@@ -203,10 +220,10 @@ class GimbalCalibration:
         return out
 
     @staticmethod
-    def _corrections(pset: PackingSet, predicted: Runtime, by_id, measured) -> dict[WorkerId, float]:
+    def _corrections(packed, predicted: Runtime, by_id, measured) -> dict[WorkerId, float]:
         """Per rank: measured/predicted step, normalised to mean 1 over the job's ranks (which ranks straggle)."""
         out = {}
-        for pj in pset.jobs:
+        for pj in packed:
             if pj.job not in measured:
                 continue
             ws = pj.workers()
@@ -214,6 +231,51 @@ class GimbalCalibration:
             mean = statistics.fmean(ratio)
             out.update({w: q / mean for w, q in zip(ws, ratio)})
         return out
+
+
+@dataclass(frozen=True)
+class DrainRuntime(Runtime):
+    """A Runtime whose remaining times follow the packing set as it drains (`_drain`)."""
+
+    drained_s: Mapping[str, float] = field(default_factory=dict)
+
+    def remaining_s(self, job: PackedJob) -> float:
+        return self.drained_s[job.job]
+
+
+def _drain(packed, cal: Calibration, first: Runtime, runtime_of) -> dict[str, float]:
+    """Seconds until each job finishes when the set runs under `cal` until its first job ends, then the rest
+    with the partners that remain (a job with none at a full share and even samples), and so on."""
+    left = {j.job: j.remaining_steps for j in packed}
+    active, now, out, rt = list(packed), 0.0, {}, first
+    while active:
+        step = {j.job: rt.job_step_s(j) for j in active}
+        nxt = min(active, key=lambda j: (left[j.job] * step[j.job], j.job))
+        dt = left[nxt.job] * step[nxt.job]
+        now += dt
+        for j in active:
+            left[j.job] = max(0.0, left[j.job] - dt / step[j.job])
+        out[nxt.job] = now
+        active = [j for j in active if j.job != nxt.job]
+        if active:
+            gpus = {}
+            for j in active:
+                for g in j.gpus:
+                    gpus[g] = gpus.get(g, 0) + 1
+            alone = {j.job for j in active if all(gpus[g] == 1 for g in j.gpus)}
+            cal = _alone(active, Calibration(tuple(jc for jc in cal.jobs if any(j.job == jc.job for j in active))),
+                         alone, runtime_of)
+            rt = runtime_of(active, cal)
+    return out
+
+
+def _alone(active, cal: Calibration, alone: set[str], runtime_of) -> Calibration:
+    """`cal` with the jobs in `alone` at a full share and their samples balanced by one LISS round."""
+    full = Calibration(tuple(
+        JobCalibration(jc.job, tuple(replace(s, mps_percent=MPS_MAX) for s in jc.settings)) if jc.job in alone else jc
+        for jc in cal.jobs))
+    rt = runtime_of(active, full)
+    return full.apply([p for j in active if j.job in alone for p in liss(j, full, rt)])
 
 
 def _runtime(jobs, perf_of, xi, model: MpsShareModel, cal: Calibration) -> Runtime:

@@ -77,7 +77,8 @@ def _gimbal(args: dict, h: PolicyHandle):
         from meshsched.perf.loader import load_mps_share
 
         mps = load_mps_share()
-    return GimbalCalibration(OBJECTIVES[name], h.perf, h.interference, mps, args.get("switch", LGRR_SWITCH_S))
+    return GimbalCalibration(OBJECTIVES[name], h.perf, h.interference, mps, args.get("switch", LGRR_SWITCH_S),
+                             args.get("horizon", "drain") == "drain")
 
 
 POLICIES: dict[str, Entry] = {
@@ -99,7 +100,9 @@ POLICIES: dict[str, Entry] = {
     "gimbal": Entry("calibration", _gimbal,
                     "Gimbal: calibrates the jobs sharing GPUs (MPS share via LGRR, per-rank samples via LISS), Alg. 1",
                     (Param("objective", str, "jct (default), deadline or makespan", ("jct", "deadline", "makespan")),
-                     Param("switch", float, "seconds an LGRR switch costs (default 3.6, the paper's)")), True),
+                     Param("switch", float, "seconds an LGRR switch costs (default 3.6, the paper's)"),
+                     Param("horizon", str, "remaining time as the set drains (drain, default) or at today's "
+                           "throughput until each job ends (static, the paper's eq. 1)", ("drain", "static"))), True),
 }
 
 # A preemption policy alone runs over a greedy placement in its own queue order.
