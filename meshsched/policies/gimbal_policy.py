@@ -18,8 +18,8 @@ paid is kept in the memo (`search_lgrr_s`).
 Readings and limits:
 - Remaining time (RemainingSteps / Throughput in eq. 1, 3, 5) with `horizon=drain` (the default) follows the
   set as it drains: the calibration's throughput lasts until the first job of the set finishes, then the
-  others go on with the partners that remain (a job left with no partner at a full share and even samples, as
-  this layer resets it), and so on. `horizon=static` is the paper's form, the current throughput until each
+  others go on with the partners that remain (a job left with no partner at a full share, its samples
+  rebalanced once, as this layer resets it), and so on. `horizon=static` is the paper's form, the current throughput until each
   job ends; it credits J_max with its partners' squeeze long after short partners would have finished, and on
   Philly slices it squeezed short 1-GPU partners of long 8-GPU jobs to 10% for hours.
 - `ExecConfig` has one MPS share per job (meshd sets it for every rank's MPS client), so a step that squeezes
@@ -28,8 +28,8 @@ Readings and limits:
   (`switch`, default the paper's 3.6 s); otherwise only LISS is applied where it gains.
 - Memory across calls lives in the engine (`Job.calibration`, a `CalibrationMemo` carried by the decisions):
   without per-rank reports the search reruns only when the packing set changes; with reports, at most once per
-  collection window (60 s, section 5.2) and not while a change is still being applied. With reports a step must
-  gain more than the measurement noise (5%) to count.
+  collection window (60 s, section 5.2) and not while a change is still being applied (its effect is not in
+  the reports yet). With reports a step must gain more than the measurement noise (5%) to count.
 """
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ class GimbalCalibration:
         memo = job.calibration
         if memo is not None and memo.packing == sig and (not measured or now - memo.at < COLLECT_MAX_S):
             return []
-        if any(j.exec_pending is not None for j in members):
-            return []  # a change is still being applied: its effect is not measured yet
+        if measured and any(j.exec_pending is not None for j in members):
+            return []  # a change is still being applied: its effect is not measured yet (the next report retries)
         try:
             return self._calibrate_set(view, members, sig, measured, now)
         except (UnknownProfile, ValueError):
