@@ -121,6 +121,23 @@ def test_the_calibration_survives_a_rebuild_from_adopted_jobs():
     assert new.state.jobs["a"].calibration.searches == 1 and new.state.jobs["a"].exec == rec.exec
 
 
+def test_a_sharer_starting_while_a_switch_is_under_way_is_still_calibrated():
+    """Without reports nothing waits for a pending change: the set {a, b} got a Reconfigure, and c starting
+    next to a before it was applied still gets its search (it used to be skipped until the next event)."""
+    eng = Engine(make_policy("sjf-ffs+gimbal"), ProfileEstimator(PERF))
+    eng.handle(ev.NodeJoined("j", NodeSpec("n0", 2, "v100", PERF.gpu_memory_mb("v100"))), 0.0)
+    eng.handle(ev.JobSubmitted("sa", JobSpec("a", 2, "transformer", 256, 50_000)), 0.0)
+    for j in ("b", "c"):
+        eng.handle(ev.JobSubmitted(f"s{j}", JobSpec(j, 1, "a3c", 1, 20_000)), 0.0)
+    for j in ("a", "b"):
+        eng.handle(ev.JobStarted(f"l{j}", j), 10.0)
+    assert any(eng.state.jobs[j].exec_pending is not None for j in ("a", "b"))
+    eng.handle(ev.JobStarted("lc", "c"), 11.0)
+    eng.state.validate()
+    members = {job for job, _ in eng.state.jobs["c"].calibration.packing}
+    assert members == {"a", "b", "c"}
+
+
 def test_a_reported_straggler_gets_fewer_samples():
     """A 2-GPU job whose reports say rank 1 is 1.5x slower (a slow GPU, say): LISS moves samples off it, free."""
     eng = Engine(make_policy("sjf+gimbal"), ProfileEstimator(PERF))
