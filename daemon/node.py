@@ -219,14 +219,18 @@ class NodeDaemon:
             task.add_done_callback(self._tasks.discard)
 
     def _reconfigure(self, action: Reconfigure) -> None:
-        """Micro-batch and accumulation change in-process at a step boundary (a `calibrate` directive to the
-        SDK; applied when rank 0 collects it). MPS limits and plans are fixed per CUDA context: checkpoint and
-        exit, then the same GPUs are relaunched with the new config (see `_on_exit`)."""
+        """Micro-batch, accumulation and per-rank samples (LISS) change in-process at a step boundary (a
+        `calibrate` directive to the SDK; applied when rank 0 collects it). MPS limits and plans are fixed per
+        CUDA context: checkpoint and exit, then the same GPUs are relaunched with the new config (`_on_exit`)."""
         rec = self.records[action.job_id]
         x = action.exec
         if not action.restart and rec.job_id in self.sdk_jobs:
-            self.send_directive(rec.job_id, {"kind": "calibrate", "accum_steps": x.accumulation,
-                                             "micro_batch": x.micro_batch, "exec": x.to_dict()})
+            directive = {"kind": "calibrate", "accum_steps": x.accumulation, "micro_batch": x.micro_batch,
+                         "exec": x.to_dict()}
+            job = self.engine.state.jobs[rec.job_id]
+            if x.local_batches is not None or (job.exec is not None and job.exec.local_batches is not None):
+                directive["local_batches"] = list(x.samples(rec.gpus))  # LISS (even again when it is reset)
+            self.send_directive(rec.job_id, directive)
             return
         self._restart_for[rec.job_id] = x
         self._checkpoint_exit(rec)
@@ -490,6 +494,11 @@ class NodeDaemon:
             }
         if not rank:
             self.dispatch(ev.IterationReport(self._sid("report"), job_id, iterations, step_time))
+            ranks = self.throughput.get(job_id, {})
+            if rank is not None and len(ranks) == self.records[job_id].gpus > 1:  # every rank has reported
+                fwd = [ranks[r]["forward_time"] for r in sorted(ranks)]  # what tells a straggler (Gimbal sec. 6)
+                times = fwd if min(fwd) > 0 else [ranks[r]["step_time"] for r in sorted(ranks)]
+                self.dispatch(ev.RankReport(self._sid("ranks"), job_id, tuple(times)))
 
     def job_hello(self, job_id: str, sdk: bool, steps: int | None = None) -> None:
         if sdk:

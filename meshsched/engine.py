@@ -51,6 +51,7 @@ class Engine:
         self._timer_at: float | None = None
         self._timer_key = 0
         self._deferred: dict[str, float] = {}  # queued job -> until when a preemption layer deferred it
+        self._recalibrate: dict[str, None] = {}  # jobs whose packing set changed in this event (calibration layer)
         self._handlers: dict[type, Callable[[ev.Event, float, list[Action]], Trigger | None]] = {
             ev.JobSubmitted: self._on_submitted,
             ev.JobStarted: self._on_started,
@@ -81,6 +82,8 @@ class Engine:
         if trigger is not None:
             job_id = event.spec.job_id if type(event) is ev.JobSubmitted else None
             self._schedule(trigger, now, event.stimulus_id, actions, job_id)
+        if self._recalibrate:
+            self._calibrate_sharers(now, event.stimulus_id, actions)
         self._arm_timer(now, actions)
         return actions
 
@@ -132,6 +135,8 @@ class Engine:
         job.progress_time = now
         job.step_time = self.estimator.step_time(job.spec, self._gpu_type(job), self._shape(job.gpus))
         self._log(now, e.stimulus_id, job, "loaded; training")
+        if self.policy.calibration is not None and any(len(self.state.gpus[g].jobs) > 1 for g in job.gpus):
+            self._recalibrate[job.job_id] = None  # it now trains next to a partner
         return None
 
     def _on_report(self, e: ev.IterationReport, now: float, actions: list[Action]) -> Trigger | None:
@@ -169,10 +174,21 @@ class Engine:
         for d in self.policy.calibrate(self.view(), job, now):
             self._reconfigure(d, now, stimulus, actions)
 
+    def _calibrate_sharers(self, now: float, stimulus: str, actions: list[Action]) -> None:
+        """Give the calibration layer a call for jobs whose packing set changed (a sharer started training next
+        to them, or a partner left): the simulator sends no progress reports to trigger it otherwise."""
+        todo, self._recalibrate = self._recalibrate, {}
+        for job_id in todo:
+            job = self.state.jobs[job_id]
+            if job.state is JobState.RUNNING:
+                self._calibrate(job, now, stimulus, actions)
+
     def _reconfigure(self, d: pb.Reconfigure, now: float, stimulus: str, actions: list[Action]) -> None:
         job = self.state.jobs[d.job_id]
         if not job.state.holds_gpus or job.state is JobState.PAUSING:
             raise ValueError(f"policy reconfigured {job.job_id} which is {job.state.value}")
+        if d.memo is not None:
+            job.calibration = d.memo
         current = job.exec_pending or job.exec or ExecConfig.default_for(job.spec)
         if d.exec == current:
             return
@@ -361,6 +377,11 @@ class Engine:
             del self._queued_gpus[job.spec.gpus]
 
     def _release(self, job: Job) -> None:
+        if self.policy.calibration is not None:
+            for g in job.gpus:  # its partners lose it: their packing set changed
+                for other in self.state.gpus[g].jobs:
+                    if other != job.job_id:
+                        self._recalibrate[other] = None
         self.state.release(job.job_id, job.gpus)
         job.gpus = ()
         self._active.pop(job.job_id, None)

@@ -94,6 +94,8 @@ class ExecConfig:
     changes (Castor Algorithm 2). `mps_percentage` is each rank's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and
     `memory_limit_mb` its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (None: no limit); both are fixed when a rank's CUDA
     context is created, so changing them (or `plan`, an execution plan such as Rubick's) needs a restart.
+    `local_batches` (Gimbal's LISS) gives each rank its own samples per step, summing to `per_gpu_batch` x
+    ranks so the global batch is unchanged (None: every rank takes `per_gpu_batch`); it changes in-process.
     """
 
     micro_batch: int
@@ -101,6 +103,7 @@ class ExecConfig:
     mps_percentage: int = 100
     memory_limit_mb: int | None = None
     plan: str | None = None
+    local_batches: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1 or self.accumulation < 1:
@@ -109,6 +112,11 @@ class ExecConfig:
             raise ValueError(f"mps_percentage must be in [1, 100], got {self.mps_percentage}")
         if self.memory_limit_mb is not None and self.memory_limit_mb < 1:
             raise ValueError(f"memory_limit_mb must be >= 1, got {self.memory_limit_mb}")
+        if self.local_batches is not None:
+            lb = self.local_batches
+            if not lb or min(lb) < 1 or sum(lb) != self.per_gpu_batch * len(lb):
+                raise ValueError(f"local_batches {list(lb)} must be values >= 1 summing to {self.per_gpu_batch} x "
+                                 f"{len(lb)} ranks (the per-step batch across ranks is fixed)")
 
     @classmethod
     def default_for(cls, spec: JobSpec) -> ExecConfig:
@@ -126,12 +134,38 @@ class ExecConfig:
 
     def to_dict(self) -> dict:
         return {"micro_batch": self.micro_batch, "accumulation": self.accumulation,
-                "mps_percentage": self.mps_percentage, "memory_limit_mb": self.memory_limit_mb, "plan": self.plan}
+                "mps_percentage": self.mps_percentage, "memory_limit_mb": self.memory_limit_mb, "plan": self.plan,
+                "local_batches": None if self.local_batches is None else list(self.local_batches)}
 
     @classmethod
     def from_dict(cls, d: dict) -> ExecConfig:
+        lb = d.get("local_batches")
         return cls(int(d["micro_batch"]), int(d.get("accumulation", 1)), int(d.get("mps_percentage", 100)),
-                   d.get("memory_limit_mb"), d.get("plan"))
+                   d.get("memory_limit_mb"), d.get("plan"), None if lb is None else tuple(int(b) for b in lb))
+
+    def samples(self, ranks: int) -> tuple[int, ...]:
+        """Each rank's samples per step."""
+        if self.local_batches is None:
+            return (self.per_gpu_batch,) * ranks
+        if len(self.local_batches) != ranks:
+            raise ValueError(f"local_batches {list(self.local_batches)} name {len(self.local_batches)} ranks, not {ranks}")
+        return self.local_batches
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationMemo:
+    """What a calibration layer remembers about a job between calls (engine state, so a rebuilt leader keeps
+    it): the packing set it last calibrated, when, and the running totals a benchmark reads."""
+
+    packing: tuple  # signature of the packing set last searched ((job, GPUs) of each member, sorted)
+    at: float  # when it was last searched
+    searches: int = 0  # searches run for this job's packing sets
+    changes: int = 0  # Reconfigures issued for this job
+    lgrr_changes: int = 0  # of which changed its MPS share (LGRR: a restart)
+    lgrr_paid_s: float = 0.0  # LGRR switch time charged for them
+    search_lgrr_s: float = 0.0  # switch time Algorithm 1 would have paid exploring live (sets this job led)
+    done: float = 0.0  # iterations it estimated done at `at` (newer than the engine's when no report came since)
+    step_s: float = 0.0  # seconds per step it predicted from `at` on, under the calibration it chose
 
 
 @dataclass(slots=True)
@@ -170,6 +204,7 @@ class Job:
     exec_pending: ExecConfig | None = None  # asked for by a Reconfigure, not yet reported applied
     deferred_until: float | None = None  # a preemption policy deferred its decision until then (Lazer)
     rank_step_times: tuple[float, ...] = ()  # latest per-rank step times reported (calibration reads them)
+    calibration: CalibrationMemo | None = None  # the calibration layer's memory of this job
 
     @property
     def job_id(self) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from meshsched.policies.placement import Planner
-from meshsched.state import ClusterState, ExecConfig, Job, JobState
+from meshsched.state import CalibrationMemo, ClusterState, ExecConfig, Job, JobState
 
 
 class Trigger(enum.Enum):
@@ -65,6 +65,7 @@ class Reconfigure:
     job_id: str
     exec: ExecConfig
     reason: str
+    memo: CalibrationMemo | None = None  # a calibration layer's memory of the job, kept by the engine
 
 
 Decision = Start | Evict | Defer | Wait | Reconfigure
@@ -141,6 +142,9 @@ class ClusterView:
 
     def node_of(self, gpu: int) -> str:
         return self._state.gpus[gpu].node
+
+    def gpu_type(self, gpu: int) -> str:
+        return self._state.gpus[gpu].gpu_type
 
     def planner(self) -> Planner:
         """A scratch allocator over the free GPUs for one scheduling pass."""

@@ -28,6 +28,7 @@ class Param:
     name: str
     kind: type  # int, float or str
     help: str
+    choices: tuple[str, ...] = ()  # the values a str parameter may take (empty: any)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,20 @@ def _lucid(args: dict, h: PolicyHandle):
     return Lucid(perf=h.perf, interference=h.interference, **({"threshold": args["threshold"]} if "threshold" in args else {}))
 
 
+def _gimbal(args: dict, h: PolicyHandle):
+    from meshsched.policies.gimbal import LGRR_SWITCH_S, OBJECTIVES
+    from meshsched.policies.gimbal_policy import GimbalCalibration
+
+    name = args.get("objective", "jct")
+    mps = h.mps_share
+    if mps is None:
+        from meshsched.perf.loader import load_mps_share
+
+        mps = load_mps_share()
+    return GimbalCalibration(OBJECTIVES[name], h.perf, h.interference, mps, args.get("switch", LGRR_SWITCH_S),
+                             args.get("horizon", "drain") == "drain")
+
+
 POLICIES: dict[str, Entry] = {
     "fifo": Entry("placement", _queue("fifo", Fifo, strict=True),
                   "first come first served, head-of-line blocking, non-preemptive", (_INTERVAL,)),
@@ -82,6 +97,12 @@ POLICIES: dict[str, Entry] = {
     "lucid": Entry("placement", _lucid,
                    "Lucid-like: shares only equal-size jobs whose combined profiled utilisation stays <= 1",
                    (Param("threshold", float, "combined utilisation limit (default 1.0)"),), True),
+    "gimbal": Entry("calibration", _gimbal,
+                    "Gimbal: calibrates the jobs sharing GPUs (MPS share via LGRR, per-rank samples via LISS), Alg. 1",
+                    (Param("objective", str, "jct (default), deadline or makespan", ("jct", "deadline", "makespan")),
+                     Param("switch", float, "seconds an LGRR switch costs (default 3.6, the paper's)"),
+                     Param("horizon", str, "remaining time as the set drains (drain, default) or at today's "
+                           "throughput until each job ends (static, the paper's eq. 1)", ("drain", "static"))), True),
 }
 
 # A preemption policy alone runs over a greedy placement in its own queue order.
@@ -130,6 +151,8 @@ def _parse_item(item: str) -> tuple[str, dict]:
             raise UnknownPolicy(f"policy {item!r}: {key} must be {what}, got {value!r}") from None
         if key == "interval" and not MIN_INTERVAL <= v < math.inf:
             raise UnknownPolicy(f"policy {item!r}: the interval must be a finite number of seconds >= {MIN_INTERVAL:g}")
+        if param.choices and v not in param.choices:
+            raise UnknownPolicy(f"policy {item!r}: {key} must be one of {', '.join(param.choices)}, got {value!r}")
         if param.kind in (int, float) and key != "interval" and not (v > 0 and math.isfinite(v)):
             raise UnknownPolicy(f"policy {item!r}: {key} must be a positive number, got {value!r}")
         args[key] = v

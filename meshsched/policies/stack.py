@@ -3,7 +3,7 @@
 The engine talks to a `PolicyStack` only: its queue order, its pass (the preemption layer owns the pass when
 there is one, asking the placement layer to start each job; otherwise the placement layer runs it), its
 calibration after per-rank reports, and its timer. `PolicyHandle` is what a factory hands a policy: the
-performance model, the interference predictor and a seeded RNG, so no policy loads anything itself.
+performance model, the interference predictor, the MPS-share model and a seeded RNG, so no policy loads anything itself.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class PolicyHandle:
     interference: object | None = None  # meshsched.perf.interference.Interference
     seed: int = 1
     rng: random.Random = field(default=None, compare=False)  # type: ignore[assignment]
+    mps_share: object | None = None  # meshsched.perf.mps_share.MpsShareModel (None: the gimbal builder loads it)
 
     def __post_init__(self) -> None:
         if self.rng is None:

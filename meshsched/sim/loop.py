@@ -93,6 +93,7 @@ def simulate(
     cluster: ClusterSpec,
     *,
     interference=None,
+    mps_share=None,
     after_event: Callable[[Engine], None] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> SimResult:
@@ -100,13 +101,16 @@ def simulate(
 
     `after_event(engine)` runs after every event (tests pass `lambda e: e.state.validate()`);
     `progress(n_arrived)` is called every 1,000 arrivals. `interference` is the truth for jobs sharing a GPU
-    (default: the predictor the policy stack was built with).
+    (default: the predictor the policy stack was built with); `mps_share` is the truth for jobs under a
+    calibration (default: the MPS-share model of the stack's calibration layer, if any).
     """
     nodes = cluster.node_specs()
     engine = Engine(policy, ProfileEstimator(perf))
     if interference is None:
         interference = getattr(policy.placement, "interference", None)
-    world = SimWorld(perf, nodes, interference)
+    if mps_share is None:
+        mps_share = getattr(policy.calibration, "mps_share", None)
+    world = SimWorld(perf, nodes, interference, mps_share)
     for n in nodes:
         world.execute(engine.handle(ev.NodeJoined(f"join-{n.name}", n), 0.0), 0.0)
     result = SimResult(engine, cluster, 0)

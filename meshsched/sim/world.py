@@ -11,6 +11,16 @@ slow its partner. When a partner starts training, pauses, finishes or is killed,
 with it has its progress brought up to date at the old rate and its finish event rescheduled at the new
 one. Two jobs whose assumed memory (`meshsched.perf.memory`) does not fit on one GPU, or whose pair was
 measured infeasible, make the later one fail with an out-of-memory error when it starts training.
+
+Calibration (Gimbal): once a job or a partner trains under a calibration (an MPS share below 100% or uneven
+per-rank samples, from its ExecConfig), its step follows the MPS-share model (`perf/mps_share.py`): each
+rank's step is `worker_step_s` under its share, its samples and its GPU partner's share (the partner's xi at
+100%/100% from the same interference model), and the job runs at its slowest rank (stragglers slow the whole
+job); at 100% with even samples this is the uncalibrated solo x xi. A Reconfigure that changes only the MPS
+share (LGRR) costs LGRR_SWITCH_S = 3.6 s without progress (Gimbal's measured switch with a CUDA context pool;
+meshd has no pool and pays a checkpoint-restart instead); one that changes only samples (LISS), micro-batch or
+accumulation is free; a plan or memory-limit change costs the pause plus load time. The partners of a job
+whose calibration changed are re-rated at once.
 """
 
 from __future__ import annotations
@@ -23,6 +33,9 @@ from meshsched import events as ev
 from meshsched.actions import Action, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
 from meshsched.executor import check_handlers, dispatch
 from meshsched.perf.memory import pair_fits
+from meshsched.perf.mps_share import Partner
+from meshsched.policies.gimbal import LGRR_SWITCH_S
+from meshsched.policies.gimbal_policy import is_calibrated, job_perf
 from meshsched.state import ExecConfig, JobSpec, NodeSpec
 
 
@@ -35,6 +48,7 @@ class _Run:
     solo_step: float = 0.0  # seconds per step alone with its micro-batch and accumulation
     micro_batch: int = 0
     accumulation: int = 1
+    exec: ExecConfig | None = None  # how it trains (its Launch's, then its last Reconfigure's)
     started_at: float | None = None  # training start (or last re-base); None while loading
     token: int = 0  # seq of the pending JobStarted / JobFinished; stale events carry another
     shared: bool = False  # has trained next to another job at some point
@@ -45,7 +59,7 @@ class _Run:
 class SimWorld:
     """Owns the event heap; `push` schedules an event, `pop` returns the next live one. An Executor."""
 
-    def __init__(self, perf, nodes: list[NodeSpec], interference=None) -> None:  # perf: meshsched.perf.PerfModel
+    def __init__(self, perf, nodes: list[NodeSpec], interference=None, mps_share=None) -> None:  # perf: PerfModel
         self._perf = perf
         self._gpu_node: list[str] = []
         self._gpu_type: list[str] = []
@@ -60,7 +74,9 @@ class SimWorld:
         self._specs: dict[str, JobSpec] = {}
         self._training: dict[int, list[str]] = {}  # GPU -> jobs training on it (at most two)
         self._interference = interference
+        self._mps_share = mps_share  # meshsched.perf.mps_share.MpsShareModel: truth for calibrated jobs
         self.oom_failures = 0
+        self.lgrr_switches = 0  # MPS-share changes carried out (each cost LGRR_SWITCH_S)
         self._now = 0.0  # time of the last event popped
         self._handlers = {Launch: self._launch, Preempt: self._preempt, Kill: self._kill,
                           Reconfigure: self._reconfigure, ScheduleTimer: self._timer}
@@ -106,8 +122,8 @@ class SimWorld:
     def _launch(self, a: Launch, now: float) -> None:
         spec = self._specs[a.job_id]
         x = a.exec
-        run = _Run(spec, a.resume_from, 0.0, a.gpus, 0.0, x.micro_batch, x.accumulation)
-        self._check_exec(x)
+        run = _Run(spec, a.resume_from, 0.0, a.gpus, 0.0, x.micro_batch, x.accumulation, x)
+        self._check_exec(x, len(a.gpus))
         run.solo_step = run.step_time = self._solo(run)
         self._runs[a.job_id] = run
         run.token = self.push(now + self._perf.load_time(spec.model), ev.JobStarted(f"loaded-{a.job_id}", a.job_id))
@@ -128,31 +144,41 @@ class SimWorld:
             self._stop_training(a.job_id, run, now)
 
     def _reconfigure(self, a: Reconfigure, now: float) -> None:
-        """At a step boundary (free) or by checkpoint and restart (the job's pause plus load time, during which
-        it makes no progress); its finish is rescheduled at the new rate."""
+        """At a step boundary (free), by an LGRR switch (LGRR_SWITCH_S) or by checkpoint and restart (the job's
+        pause plus load time), without progress meanwhile; its finish and its partners' are rescheduled."""
         run = self._runs.get(a.job_id)
         if run is None:
             return  # it ended before the reconfiguration reached it
-        self._check_exec(a.exec)
+        self._check_exec(a.exec, len(run.gpus))
         if run.started_at is not None:
             run.resume_from = min(run.spec.iterations, run.resume_from + (now - run.started_at) / run.step_time)
             run.started_at = now
-        run.micro_batch, run.accumulation = a.exec.micro_batch, a.exec.accumulation
+        old = run.exec
+        run.micro_batch, run.accumulation, run.exec = a.exec.micro_batch, a.exec.accumulation, a.exec
         run.solo_step = self._solo(run)
-        delay = self._perf.pause_time(run.spec.model) + self._perf.load_time(run.spec.model) if a.restart else 0.0
+        delay = 0.0
+        if a.restart:
+            only_mps = old is not None and (old.memory_limit_mb, old.plan) == (a.exec.memory_limit_mb, a.exec.plan)
+            delay = LGRR_SWITCH_S if only_mps else self._perf.pause_time(run.spec.model) + self._perf.load_time(run.spec.model)
+        if old is not None and old.mps_percentage != a.exec.mps_percentage:
+            self.lgrr_switches += 1
         if run.started_at is not None:
             run.started_at = now + delay  # progress resumes after the restart
             self._rerate(a.job_id, run, now + delay)
+            for p in self._partners(run):  # its share and samples change what its partners suffer
+                self._rerate(p, self._runs[p], now)
         self.push(now + delay, ev.ReconfigureApplied(f"reconfigured-{a.job_id}", a.job_id, a.exec))
 
     def _timer(self, a: ScheduleTimer, now: float) -> None:
         self.push(a.at, ev.Tick(f"tick-{a.key}", a.key))
 
-    @staticmethod
-    def _check_exec(x: ExecConfig) -> None:
-        if x.mps_percentage != 100 or x.plan is not None:
-            raise NotImplementedError("the simulator has no model yet for MPS thread limits or execution plans "
-                                      f"(asked for {x})")
+    def _check_exec(self, x: ExecConfig, ranks: int) -> None:
+        if x.plan is not None:
+            raise NotImplementedError(f"the simulator has no model yet for execution plans (asked for {x})")
+        x.samples(ranks)  # local_batches must name every rank
+        if is_calibrated(x) and self._mps_share is None:
+            raise RuntimeError("a job trains under an MPS share or uneven samples but the simulator was given no "
+                               "MPS-share model (simulate(..., mps_share=...))")
 
     def started(self, job_id: str, now: float) -> None:
         """Loading finished: schedule the finish from the job's true rate (and re-rate its partners)."""
@@ -238,8 +264,38 @@ class SimWorld:
         run.resume_from, run.started_at = done, at
         xi = self._xi(run)
         run.xi_max = max(run.xi_max, xi)
-        run.step_time = run.solo_step * xi
+        run.step_time = self._calibrated_step(run) if self._calibration_applies(run) else run.solo_step * xi
         run.token = self.push(at + (run.spec.iterations - done) * run.step_time, ev.JobFinished(f"finished-{job_id}", job_id))
+
+    def _calibration_applies(self, run: _Run) -> bool:
+        if self._mps_share is None:
+            return False
+        if is_calibrated(run.exec):
+            return True
+        me = run.spec.job_id
+        return any(is_calibrated(self._runs[o].exec) for g in run.gpus for o in self._training.get(g, ()) if o != me)
+
+    def _calibrated_step(self, run: _Run) -> float:
+        """The slowest rank's step under the MPS-share model (see the module docstring)."""
+        model, me = self._mps_share, run.spec.job_id
+        gpu_type = self._gpu_type[run.gpus[0]]
+        jp = self._job_perf(run)
+        share = run.exec.mps_percentage / 100
+        worst = 0.0
+        for g, samples in zip(run.gpus, run.exec.samples(len(run.gpus))):
+            partner = None
+            for other in self._training.get(g, ()):
+                if other != me:
+                    o = self._runs[other]
+                    x = self.interference.xi(run.spec.model, run.micro_batch, o.spec.model, o.micro_batch, gpu_type)
+                    xi = x[0] if x is not None else self.interference_default()
+                    partner = Partner(xi, self._job_perf(o).curve, o.exec.mps_percentage / 100)
+            worst = max(worst, model.worker_step_s(jp.alpha_s, jp.beta_s, samples, jp.curve, share, partner))
+        return worst
+
+    def _job_perf(self, run: _Run):
+        return job_perf(self._perf, self._mps_share, run.spec.model, self._gpu_type[run.gpus[0]], self._shape(run.gpus),
+                        run.exec)
 
     def _stop_training(self, job_id: str, run: _Run, now: float) -> None:
         partners = self._partners(run)
