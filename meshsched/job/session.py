@@ -55,7 +55,8 @@ class _Meta(State):
 
     def load_state_dict(self, state: dict) -> None:
         self.session.step = int(state["step"])
-        self.session.accum_steps = int(state["accum_steps"])
+        if self.session.env.accum_steps is None:  # meshd's ExecConfig for this run wins over the checkpoint's
+            self.session.accum_steps = int(state["accum_steps"])
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.state_dict()))
@@ -66,13 +67,14 @@ class _Meta(State):
 
 class Session:
     def __init__(self, env: MeshEnv, sampler: ElasticSampler | None = None, checkpoint_every: int = 0,
-                 accum_steps: int = 1, vote_interval: float = 0.25, handle_sigterm: bool | None = None,
+                 accum_steps: int | None = None, vote_interval: float = 0.25, handle_sigterm: bool | None = None,
                  rng: bool = True) -> None:
         self.env = env
         self.rank, self.world_size = env.rank, env.world_size
         self.sampler = sampler
         self.step = 0
-        self.accum_steps = max(1, accum_steps)
+        # None: the accumulation meshd chose for this run (MESH_ACCUM_STEPS), else 1
+        self.accum_steps = max(1, accum_steps if accum_steps is not None else env.accum_steps or 1)
         self.checkpoint_every = checkpoint_every
         self.vote_interval = max(0.0, vote_interval)
         self._next_vote = 1  # the step whose end_step holds the next vote (the same on every rank)
@@ -274,9 +276,10 @@ class Session:
         sys.exit(PREEMPTED_EXIT_CODE)
 
 
-def attach(*, sampler: ElasticSampler | None = None, checkpoint_every: int = 0, accum_steps: int = 1,
+def attach(*, sampler: ElasticSampler | None = None, checkpoint_every: int = 0, accum_steps: int | None = None,
            vote_interval: float = 0.25, handle_sigterm: bool | None = None, rng: bool = True) -> Session:
     """The session for this process, configured from the environment (a no-op shell outside meshd).
 
-    rng=False leaves the random generators out of checkpoints (then a script without torch needs none)."""
+    accum_steps=None trains with the accumulation meshd chose (MESH_ACCUM_STEPS; the global batch is unchanged),
+    else 1. rng=False leaves the random generators out of checkpoints (then a script without torch needs none)."""
     return Session(MeshEnv.read(), sampler, checkpoint_every, accum_steps, vote_interval, handle_sigterm, rng)
