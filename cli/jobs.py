@@ -71,11 +71,34 @@ def build_command(script: Path, args: list[str]) -> list[str]:
     return [str(path), *args]
 
 
+def partners(job: dict[str, Any]) -> str:
+    """The jobs sharing its GPUs (its colocation set), or -."""
+    return ",".join(job.get("partners") or ()) or "-"
+
+
+def _exec(job: dict[str, Any]) -> dict | None:
+    """How it trains now (its ExecConfig) while it holds GPUs."""
+    return job.get("exec") if job["state"] in ("LOADING", "RUNNING", "PAUSING") else None
+
+
+def batch(job: dict[str, Any]) -> str:
+    """Per-GPU micro-batch x accumulation steps it trains with (its ExecConfig), or -."""
+    x = _exec(job)
+    return f"{x['micro_batch']}x{x['accumulation']}" if x else "-"
+
+
+def mps(job: dict[str, Any]) -> str:
+    """Its MPS active-thread percentage (100 = a whole GPU), or -."""
+    x = _exec(job)
+    return str(x["mps_percentage"]) if x else "-"
+
+
 def jobs_lines(jobs: list[dict[str, Any]]) -> list[str]:
     """squeue-style plain columns (fast for thousands of jobs, easy to grep)."""
-    header = ("JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "NODE(REASON)")
+    header = ("JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "PARTNER", "BATCH", "MPS%", "NODE(REASON)")
     rows = [header] + [
-        (j["job_id"], j["name"], j["user"], j["state"], fmt_time(j["elapsed"]), str(j["gpus"]), where(j)) for j in jobs
+        (j["job_id"], j["name"], j["user"], j["state"], fmt_time(j["elapsed"]), str(j["gpus"]), partners(j),
+         batch(j), mps(j), where(j)) for j in jobs
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
@@ -138,6 +161,9 @@ def register(app: typer.Typer) -> None:
         for key in ("job_id", "name", "user", "state", "reason", "gpus", "node", "assigned", "model", "batch_size",
                     "iterations", "done_iterations", "checkpoint_iterations", "restarts", "cwd", "job_dir"):
             typer.echo(f"{key:>22}: {job.get(key)}")
+        typer.echo(f"{'partners':>22}: {partners(job)}")
+        typer.echo(f"{'micro-batch x accum':>22}: {batch(job)}")
+        typer.echo(f"{'MPS %':>22}: {mps(job)}")
         typer.echo(f"{'command':>22}: {' '.join(job['command'])}")
         typer.echo(f"{'time':>22}: {fmt_time(job['elapsed'])}")
         for at, state, reason in job.get("history", []):
@@ -215,11 +241,12 @@ def register(app: typer.Typer) -> None:
                 lines.append(f"[{g['index']}] {g['name']:<12} {util} | {g['memory_used_mb']:>6} / "
                              f"{g['memory_total_mb']:>6} MB | {', '.join(g['jobs']) or '-'}")
             table = Table(box=None, header_style="bold", pad_edge=False)
-            for col in ("JOBID", "NAME", "STATE", "GPUS", "SM%", "STEP", "STEPS/S", "TIME"):
+            for col in ("JOBID", "NAME", "STATE", "GPUS", "PARTNER", "BATCH", "SM%", "STEP", "STEPS/S", "TIME"):
                 table.add_column(col)
             for j in jobs:
                 rate = f"{1 / j['step_time']:.2f}" if j["state"] == "RUNNING" and j["step_time"] > 0 else "-"
-                table.add_row(j["job_id"], j["name"], j["state"], ",".join(map(str, j["gpu_names"])) or "-", "100",
+                table.add_row(j["job_id"], j["name"], j["state"], ",".join(map(str, j["gpu_names"])) or "-", partners(j),
+                              batch(j), mps(j),
                               f"{j['done_iterations']:.0f}/{j['iterations']}", rate, fmt_time(j["elapsed"]))
             return Group(*lines, table)
 

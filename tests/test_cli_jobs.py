@@ -75,7 +75,7 @@ def test_submit_ls_show_logs_cancel(served, tmp_path):
     r = mesh("ls")
     assert r.exit_code == 0
     header = r.output.splitlines()[0].split()
-    assert header == ["JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "NODE(REASON)"]
+    assert header == ["JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "PARTNER", "BATCH", "MPS%", "NODE(REASON)"]
     assert second in r.output and "RUNNING" in r.output and first not in r.output.split()
     listed = json.loads(mesh("ls", "--all", "--json").output)
     assert {j["job_id"]: j["state"] for j in listed} == {first: "COMPLETED", second: "RUNNING"}
