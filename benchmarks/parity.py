@@ -146,7 +146,7 @@ def run_daemon(w: Workload, policy: str, gpus: int, root: Path, poll: float) -> 
     meshd = Meshd(root, policy, gpus)
     try:
         c = w.compress
-        env = {"MESH_FAKE_GPU_DIR": str(gpu_dir), "MESH_FAKE_RECORDS": str(records), "MESH_REPORT_INTERVAL": "0.02",
+        env = {"MESH_FAKE_GPU_DIR": str(gpu_dir), "MESH_FAKE_RECORDS": str(records), "MESH_REPORT_INTERVAL": "0.05",
                "MESH_FAKE_COMPRESS": str(c), "MESH_FAKE_ITERS_PER_STEP": str(c), "MESH_FAKE_GPU_TYPE": GPU_TYPE}
         ids: dict[str, str] = {}  # meshd id -> trace id
         t0 = time.time()
@@ -267,7 +267,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1, help="the trace's model/batch draw")
     p.add_argument("--target-seconds", type=float, default=180.0, help="wall seconds of the longest replay")
     p.add_argument("--compress", type=int, default=0, help="time-compression factor C (default: from --target-seconds)")
-    p.add_argument("--poll", type=float, default=0.005, help="fake_train.py's look at its GPUs' occupants, seconds")
+    p.add_argument("--poll", type=float, default=0.02, help="fake_train.py's look at its GPUs' occupants, seconds")
     p.add_argument("--keep", action="store_true", help="keep meshd's state directories (printed)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()

@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-dir", default=e.get("MESH_FAKE_GPU_DIR", ""),
                    help="the fake GPUs' registry directory (empty: no interference)")
     p.add_argument("--records", default=e.get("MESH_FAKE_RECORDS", ""), help="JSON-lines file of per-process records")
-    p.add_argument("--poll", type=float, default=0.005, help="seconds between looks at the GPUs' occupants")
+    p.add_argument("--poll", type=float, default=0.02, help="seconds between looks at the GPUs' occupants")
     args = p.parse_args(argv)
     if args.compress <= 0 or args.iters_per_step <= 0 or args.poll <= 0 or args.iterations < 1 or args.batch_size < 1:
         p.error("--compress, --iters-per-step, --poll, --iterations and --batch-size must be positive")
@@ -68,10 +68,9 @@ def process_start() -> float:
     try:
         stat = Path("/proc/self/stat").read_text()
         ticks = int(stat[stat.rfind(")") + 2:].split()[19])
-        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                     if line.startswith("btime"))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, StopIteration):
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return time.time()
 
 
