@@ -177,7 +177,9 @@ def run_daemon(w: Workload, policy: str, gpus: int, root: Path, poll: float) -> 
                      "jct": None if end is None else (end - x["submit_time"]) * c, "restarts": x["restarts"],
                      "shared": any("share with" in e["message"] for e in explain[x["job_id"]])}
     runs = _runs(records, ids)
-    return {"jobs": jobs, "wall_seconds": wall, "double_runs": _overlaps(runs),
+    runs_check = _overlaps(runs)
+    return {"jobs": jobs, "wall_seconds": wall, "double_runs": runs_check["overlapping"],
+            "runs_without_stop_record": runs_check["no_stop_record"],
             "launch_latency": _latency(runs, listed, ids, c), "shared_starts": sum(v["shared"] for v in jobs.values()),
             "dir": str(root)}
 
@@ -192,26 +194,30 @@ def _runs(records: Path, ids: dict[str, str]) -> dict[str, list[dict]]:
                 (starts if r["event"] == "start" else stops)[r["pid"]] = r
     out: dict[str, list[dict]] = {}
     for pid, s in starts.items():
-        e = stops.get(pid, {})
-        out.setdefault(ids[s["job"]], []).append({**s, **e, "stop": e.get("stop", math.inf)})
+        out.setdefault(ids[s["job"]], []).append({**s, **stops.get(pid, {})})
     return out
 
 
-def _overlaps(runs: dict[str, list[dict]]) -> int:
-    """Pairs of processes of one job alive at the same time (a double run)."""
-    n = 0
+def _overlaps(runs: dict[str, list[dict]]) -> dict:
+    """Pairs of one job's processes alive at the same time (a double run), and processes that left no stop
+    record (SIGKILLed: their end is unknown, so they are not counted as overlapping)."""
+    n = unknown = 0
     for rs in runs.values():
         rs = sorted(rs, key=lambda r: r["start"])
-        n += sum(1 for a, b in zip(rs, rs[1:]) if b["start"] < a["stop"])
-    return n
+        unknown += sum(1 for r in rs if "stop" not in r)
+        n += sum(1 for a, b in zip(rs, rs[1:]) if "stop" in a and b["start"] < a["stop"])
+    return {"overlapping": n, "no_stop_record": unknown}
 
 
 def _latency(runs, listed, ids, c) -> dict:
-    """First launch (meshd's start_time) -> training start, in trace seconds."""
+    """First launch (meshd's start_time) -> training start of that first run, in trace seconds."""
     first = {ids[x["job_id"]]: x["start_time"] for x in listed if x.get("start_time")}
-    lat = [(min(r.get("train_start", math.inf) for r in rs) - first[j]) * c for j, rs in runs.items() if j in first]
-    lat = [v for v in lat if math.isfinite(v)]
-    return {"median": statistics.median(lat), "max": max(lat)} if lat else {}
+    lat = []
+    for j, rs in runs.items():
+        r0 = min(rs, key=lambda r: r["start"])
+        if j in first and "train_start" in r0:
+            lat.append((r0["train_start"] - first[j]) * c)
+    return {"median": statistics.median(lat), "max": max(lat), "n": len(lat)} if lat else {}
 
 
 def start_groups(jobs: dict[str, dict]) -> list[list[str]]:
@@ -254,7 +260,7 @@ def compare(policy: str, sim: dict, dmn: dict, calibrated: dict) -> dict:
         "sim_preemptions": sum(v["preemptions"] for v in sim["jobs"].values()),
         "meshd_restarts": sum(max(0, v.get("restarts", 1) - 1) for v in dmn["jobs"].values()),
         "sim_shared_starts": sim["shared_starts"], "meshd_shared_starts": dmn["shared_starts"],
-        "double_runs": dmn["double_runs"], "launch_latency_trace_s": dmn["launch_latency"],
+        "double_runs": dmn["double_runs"], "runs_without_stop_record": dmn["runs_without_stop_record"], "launch_latency_trace_s": dmn["launch_latency"],
         "meshd_wall_seconds": round(dmn["wall_seconds"], 1), "per_job": per_job, "dir": dmn["dir"],
     }
 

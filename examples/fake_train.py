@@ -27,17 +27,22 @@ steps, exit code, so that two runs of one job at once can be detected.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import select
+import signal
 import sys
-import time
-from pathlib import Path
 
-from meshsched import job
-from meshsched.job.checkpoint import State
-from meshsched.perf.loader import load_perf_model
+# A SIGTERM during start-up (a preemption before the session exists) still leaves through main's `finally`.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import select  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from meshsched import job  # noqa: E402
+from meshsched.job.checkpoint import State  # noqa: E402
+from meshsched.perf.loader import load_perf_model  # noqa: E402
 
 DEFAULT_XI = 2.0
 
@@ -333,6 +338,11 @@ def main() -> None:
     try:
         run = train if env.rank == 0 else follow
         sys.exit(run(args, env, registry, records, started))
+    except SystemExit as exc:
+        if exc.code not in (0, None, job.PREEMPTED_EXIT_CODE):  # stopped by a signal before it could say so
+            records.write(event="stop", job=env.job_id or "standalone", rank=env.rank, pid=os.getpid(),
+                          restart=env.restart_count, start=started, stop=time.time(), code=exc.code, reason="signal")
+        raise
     finally:
         registry.leave()
 

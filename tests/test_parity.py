@@ -90,14 +90,26 @@ def test_castor_under_meshd_shares_a_gpu_with_the_micro_batch_it_chose(castor_me
 
 
 def test_parity_ten_jobs_sim_vs_meshd():
-    """The 10-job version of benchmarks/parity.py (a real meshd, fake_train.py, sjf and castor)."""
+    """The 10-job version of benchmarks/parity.py: a real meshd, fake_train.py, sjf and castor, ~15 s each.
+
+    What holds on a loaded 2-core machine: every job completes, no job ever runs twice at once, meshd shares
+    GPUs under castor, and under sjf the jobs start in the simulator's order. The JCTs are not compared with
+    the plain simulator: at this compression each launch costs meshd's real start-up (supervisor, interpreter,
+    imports: 0.3-1 s of wall time, hundreds of thousands of trace seconds, ~10-30 % of a job here), which
+    no time compression scales down. They are compared with the simulator told that loading takes the
+    launch latency meshd measured; what is left is the exit latency (~0.2 s per job, ~3 % here) and timer
+    jitter, hence TOLERANCE. Castor's start order is not asserted: its share-or-wait threshold flips on such
+    timing differences, and the simulator's engine gets no progress reports (tests/test_sim_reports.py).
+    """
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "parity.py"), "--jobs", "10", "--gpus", "4",
-                          "--policies", "sjf,castor", "--target-seconds", "12", "--json"],
-                         capture_output=True, text=True, timeout=240)
+                          "--policies", "sjf,castor", "--target-seconds", "15", "--json"],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout)
-    for p in report["policies"]:
+    report = {p["policy"]: p for p in json.loads(out.stdout)["policies"]}
+    for p in report.values():
         assert p["jobs_completed"] == p["jobs"] == 10, p
         assert p["double_runs"] == 0, p
-        assert p["same_start_order"], p
-        assert abs(p["mean_jct_rel_diff"]) < TOLERANCE, p
+        assert abs(p["calibrated_rel_diff"]) < TOLERANCE, p
+        assert p["mean_jct_rel_diff"] > 0, p  # launch latency only ever delays
+    assert report["sjf"]["same_start_order"], report["sjf"]
+    assert report["castor"]["sim_shared_starts"] > 0 and report["castor"]["meshd_shared_starts"] > 0
