@@ -41,3 +41,19 @@ def test_a_restart_trains_as_meshd_says_not_as_the_checkpoint_did(tmp_path):
     standalone = Session(MeshEnv.read({"MESH_CHECKPOINT_DIR": str(tmp_path)}), ElasticSampler(64, 32, world_size=1, seed=0),
                          rng=False, handle_sigterm=False)
     assert standalone.resume() == 1 and standalone.accum_steps == 4  # outside meshd the checkpoint's own setting
+
+
+def test_a_job_without_torch_votes_and_exits_without_importing_it(tmp_path):
+    # Importing torch takes seconds: a torch-less job (examples/fake_train.py) exited 5-7 s after it had
+    # checkpointed, and meshd's preemptions waited for it.
+    import subprocess
+    import sys
+
+    code = ("import atexit, sys\nfrom meshsched.job import MeshEnv, Session\n"
+            "atexit.register(lambda: print('torch imported:', 'torch' in sys.modules))\n"
+            f"s = Session(MeshEnv.read({{'WORLD_SIZE': '2', 'MESH_CHECKPOINT_DIR': {str(tmp_path)!r}}}), rng=False,"
+            " handle_sigterm=False)\n"
+            "s.request({'kind': 'checkpoint_exit'})\nassert s.end_step()\ns.exit()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 75, out.stderr
+    assert out.stdout.strip() == "torch imported: False"

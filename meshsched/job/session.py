@@ -173,9 +173,7 @@ class Session:
     def _distributed(self) -> bool:
         if self.world_size <= 1:
             return False
-        import torch.distributed as dist
-
-        return dist.is_available() and dist.is_initialized()
+        return _process_group() is not None
 
     def _agree(self) -> None:
         with self._lock:
@@ -266,14 +264,17 @@ class Session:
     def exit(self) -> None:
         """Leave with the code meshd reads as 'preempted, resumable' (after `end_step` returned True)."""
         self.close()
-        try:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
-        except ImportError:
-            pass
+        dist = _process_group()
+        if dist is not None:
+            dist.destroy_process_group()
         sys.exit(PREEMPTED_EXIT_CODE)
+
+
+def _process_group():
+    """torch.distributed when the script initialised a process group, else None. Never imports torch: a script
+    that did not import it has no group (and importing it takes seconds: a torch-less job's exit would wait)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist if dist is not None and dist.is_available() and dist.is_initialized() else None
 
 
 def attach(*, sampler: ElasticSampler | None = None, checkpoint_every: int = 0, accum_steps: int | None = None,
