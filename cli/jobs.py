@@ -88,11 +88,34 @@ def build_command(script: str, args: list[str]) -> list[str]:
 LS_BRIEF = "&brief=1"  # meshd answers only the columns jobs_lines reads
 
 
+def partners(job: dict) -> str:
+    """The jobs sharing its GPUs (its colocation set), or -."""
+    return ",".join(job.get("partners") or ()) or "-"
+
+
+def _exec(job: dict) -> dict | None:
+    """How it trains now (its ExecConfig) while it holds GPUs."""
+    return job.get("exec") if job["state"] in ("LOADING", "RUNNING", "PAUSING") else None
+
+
+def batch(job: dict) -> str:
+    """Per-GPU micro-batch x accumulation steps it trains with (its ExecConfig), or -."""
+    x = _exec(job)
+    return f"{x['micro_batch']}x{x['accumulation']}" if x else "-"
+
+
+def mps(job: dict) -> str:
+    """Its MPS active-thread percentage (100 = a whole GPU), or -."""
+    x = _exec(job)
+    return str(x["mps_percentage"]) if x else "-"
+
+
 def jobs_lines(jobs: list[dict]) -> list[str]:
     """squeue-style plain columns (fast for thousands of jobs, easy to grep)."""
-    header = ("JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "NODE(REASON)")
+    header = ("JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "PARTNER", "BATCH", "MPS%", "NODE(REASON)")
     return columns([header] + [
-        (j["job_id"], j["name"], j["user"], j["state"], fmt_time(j["elapsed"]), str(j["gpus"]), where(j)) for j in jobs
+        (j["job_id"], j["name"], j["user"], j["state"], fmt_time(j["elapsed"]), str(j["gpus"]), partners(j),
+         batch(j), mps(j), where(j)) for j in jobs
     ])  # fmt: skip
 
 
@@ -149,6 +172,9 @@ def show(job_id: str, as_json: bool = False) -> None:
     lines = [f"{key:>22}: {shown.get(key)}" for key in (
         "job_id", "name", "user", "state", "reason", "gpus", "node", "assigned", "model", "batch_size",
         "iterations", "done_iterations", "checkpoint_iterations", "restarts", "cwd", "job_dir")]  # fmt: skip
+    lines.append(f"{'partners':>22}: {partners(job)}")
+    lines.append(f"{'micro-batch x accum':>22}: {batch(job)}")
+    lines.append(f"{'MPS %':>22}: {mps(job)}")
     lines.append(f"{'command':>22}: {' '.join(job['command'])}")
     lines.append(f"{'time':>22}: {fmt_time(job['elapsed'])}")
     for at, state, reason in job.get("history", []):
@@ -236,14 +262,14 @@ def gpu_share(job: dict, gpus: dict[int, dict]) -> str:
 
 
 def top_rows(node: dict, jobs: list[dict]) -> list[tuple[str, ...]]:
-    """`mesh top`'s job rows: JOBID NAME STATE GPUS GPU% STEP STEPS/S TIME."""
+    """`mesh top`'s job rows: JOBID NAME STATE GPUS PARTNER BATCH MPS% GPU% STEP STEPS/S TIME."""
     gpus = {g["index"]: g for g in node["gpus"]} if node.get("backend") != "fake" else {}
-    rows = [("JOBID", "NAME", "STATE", "GPUS", "GPU%", "STEP", "STEPS/S", "TIME")]
+    rows = [("JOBID", "NAME", "STATE", "GPUS", "PARTNER", "BATCH", "MPS%", "GPU%", "STEP", "STEPS/S", "TIME")]
     for j in jobs:
         rate = f"{1 / j['step_time']:.2f}" if j["state"] == "RUNNING" and j["step_time"] > 0 else "-"
         rows.append((j["job_id"], j["name"], j["state"], ",".join(map(str, j["gpu_names"])) or "-",
-                     gpu_share(j, gpus), f"{int(j['done_iterations'])}/{j['iterations']}", rate,
-                     fmt_time(j["elapsed"])))
+                     partners(j), batch(j), mps(j), gpu_share(j, gpus),
+                     f"{int(j['done_iterations'])}/{j['iterations']}", rate, fmt_time(j["elapsed"])))
     return rows
 
 

@@ -536,8 +536,7 @@ class NodeDaemon:
             out["state"], out["reason"] = "COMPLETING", "cancelled; waiting for its processes to exit"
         out["gpu_names"] = [self.engine.state.gpus[g].local_index for g in rec.assigned]
         if job is not None and job.state.holds_gpus:  # its colocation set: jobs sharing any of its GPUs
-            gpus = self.engine.state.gpus
-            out["partners"] = sorted({o for g in job.gpus for o in gpus[g].jobs if o != rec.job_id}, key=_id_key)
+            out["partners"] = self._partners(job)
             if job.exec_pending is not None:
                 out["exec_pending"] = job.exec_pending.to_dict()
         else:
@@ -552,6 +551,11 @@ class NodeDaemon:
         now = time.time()
         return [self.job_view(r, now) for r in self.records.values() if include_done or r.state not in TERMINAL]
 
+    def _partners(self, job) -> list[str]:
+        """The jobs sharing any of `job`'s GPUs (its colocation set)."""
+        gpus = self.engine.state.gpus
+        return sorted({o for g in job.gpus for o in gpus[g].jobs if o != job.job_id}, key=_id_key)
+
     def list_brief(self, include_done: bool = True) -> list[dict]:
         """job_view's squeue columns only (`mesh ls`): the same values at a fraction of the cost."""
         now, jobs, out = time.time(), self.engine.state.jobs, []
@@ -559,9 +563,11 @@ class NodeDaemon:
             if include_done or r.state not in TERMINAL:
                 job, start = jobs.get(r.job_id), r.start_time
                 queued = job is not None and job.state.is_queued
+                holds = job is not None and job.state.holds_gpus
                 out.append({"job_id": r.job_id, "name": r.name, "user": r.user, "state": r.state, "gpus": r.gpus,
                             "node": r.node, "reason": self.engine.pending_reason(r.job_id) if queued else r.reason,
-                            "elapsed": 0.0 if start is None else max(0.0, (r.end_time or now) - start)})
+                            "elapsed": 0.0 if start is None else max(0.0, (r.end_time or now) - start),
+                            "partners": self._partners(job) if holds else [], "exec": r.exec if holds else None})
         return out
 
     def node_view(self) -> dict:

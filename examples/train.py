@@ -32,7 +32,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--checkpoint-every", type=int, default=10)
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--accum-steps", type=int, default=1, help="gradient-accumulation steps (same global batch)")
+    p.add_argument("--accum-steps", type=int, default=None,
+                   help="gradient-accumulation steps (same global batch; default: meshd's choice, else 1)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step (stands in for compute)")
     p.add_argument("--log-every", type=int, default=10)
     return p.parse_args()

@@ -123,7 +123,7 @@ def test_submit_ls_show_logs_cancel(served, tmp_path, mesh):
     r = mesh("ls")
     assert r.exit_code == 0
     header = r.stdout.splitlines()[0].split()
-    assert header == ["JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "NODE(REASON)"]
+    assert header == ["JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "PARTNER", "BATCH", "MPS%", "NODE(REASON)"]
     assert second in r.stdout and "RUNNING" in r.stdout and first not in r.stdout.split()
     listed = json.loads(mesh("ls", "--all", "--json").stdout)
     assert {j["job_id"]: j["state"] for j in listed} == {first: "COMPLETED", second: "RUNNING"}
@@ -209,13 +209,15 @@ def test_top_json_and_gpu_share_unknown_on_fake_gpus(served, tmp_path, mesh):
     frame = json.loads(r.stdout)
     assert frame["nodes"][0]["backend"] == "fake" and [j["job_id"] for j in frame["jobs"]] == [job]
     rows = top_rows(frame["nodes"][0], frame["jobs"])
-    assert rows[0] == ("JOBID", "NAME", "STATE", "GPUS", "GPU%", "STEP", "STEPS/S", "TIME")
-    assert rows[1][4] == "-" and rows[1][5].endswith("/500") and "." not in rows[1][5]
+    assert rows[0] == ("JOBID", "NAME", "STATE", "GPUS", "PARTNER", "BATCH", "MPS%", "GPU%", "STEP", "STEPS/S", "TIME")
+    gpu_col = rows[0].index("GPU%")
+    assert rows[1][gpu_col] == "-" and rows[1][gpu_col + 1].endswith("/500") and "." not in rows[1][gpu_col + 1]
+    assert rows[1][4:7] == ("-", "16x1", "100")  # alone, its whole per-GPU batch (32 / 2 GPUs), a whole GPU
     r = typer_mesh("top", "--once")
-    assert r.exit_code == 0 and "100" not in r.output.split()
+    assert r.exit_code == 0 and r.output.count("100") == 1  # the MPS share; no made-up GPU utilisation
     measured = dict(frame["nodes"][0], backend="nvml",
                     gpus=[dict(g, utilization=u) for g, u in zip(frame["nodes"][0]["gpus"], (30, 50, -1, -1))])
-    assert top_rows(measured, frame["jobs"])[1][4] == "40"  # the mean of its GPUs' readings, where measured
+    assert top_rows(measured, frame["jobs"])[1][gpu_col] == "40"  # the mean of its GPUs' readings, where measured
     mesh("cancel", job)
 
 

@@ -29,6 +29,8 @@ class MeshEnv:
     grace: float
     keep: int
     report_interval: float
+    micro_batch: int | None = None  # MESH_MICRO_BATCH: per-GPU micro-batch meshd chose (its ExecConfig)
+    accum_steps: int | None = None  # MESH_ACCUM_STEPS: accumulation steps; micro_batch x accum_steps = local batch
 
     @property
     def under_meshd(self) -> bool:
@@ -48,4 +50,20 @@ class MeshEnv:
             grace=float(e.get("MESH_GRACE_PERIOD", DEFAULT_GRACE)),
             keep=max(1, int(e.get("MESH_CHECKPOINT_KEEP", DEFAULT_KEEP))),
             report_interval=float(e.get("MESH_REPORT_INTERVAL", DEFAULT_REPORT_INTERVAL)),
+            micro_batch=_positive(e, "MESH_MICRO_BATCH"),
+            accum_steps=_positive(e, "MESH_ACCUM_STEPS"),
         )
+
+
+def _positive(e: Mapping[str, str], name: str) -> int | None:
+    """An optional integer >= 1 (unset or empty: None); anything else is a clear error."""
+    text = e.get(name) or None
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name}={text!r}: must be an integer >= 1")
+    return value

@@ -11,8 +11,10 @@ rebalancing cannot repeat or skip one). The state is one integer, `position`, ch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported when a permutation is first drawn: `import meshsched.job` stays light
+    import numpy as np
 
 
 def even_split(total: int, parts: int) -> list[int]:
@@ -55,6 +57,8 @@ class ElasticSampler:
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if self._perm is None or self._perm[0] != epoch:
+            import numpy as np
+
             if self.shuffle:
                 perm = np.random.default_rng([self.seed, epoch]).permutation(self.dataset_size)
             else:

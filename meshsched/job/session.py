@@ -55,7 +55,8 @@ class _Meta(State):
 
     def load_state_dict(self, state: dict) -> None:
         self.session.step = int(state["step"])
-        self.session.accum_steps = int(state["accum_steps"])
+        if self.session.env.accum_steps is None:  # meshd's ExecConfig for this run wins over the checkpoint's
+            self.session.accum_steps = int(state["accum_steps"])
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.state_dict()))
@@ -66,7 +67,7 @@ class _Meta(State):
 
 class Session:
     def __init__(self, env: MeshEnv, sampler: ElasticSampler | None = None, checkpoint_every: int = 0,
-                 accum_steps: int = 1, vote_interval: float = 0.25, handle_sigterm: bool | None = None,
+                 accum_steps: int | None = None, vote_interval: float = 0.25, handle_sigterm: bool | None = None,
                  rng: bool = True, total_steps: int | None = None) -> None:
         if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)
                                         or total_steps < 1):
@@ -76,7 +77,8 @@ class Session:
         self.rank, self.world_size = env.rank, env.world_size
         self.sampler = sampler
         self.step = 0
-        self.accum_steps = max(1, accum_steps)
+        # None: the accumulation meshd chose for this run (MESH_ACCUM_STEPS), else 1
+        self.accum_steps = max(1, accum_steps if accum_steps is not None else env.accum_steps or 1)
         self.checkpoint_every = checkpoint_every
         self.vote_interval = max(0.0, vote_interval)
         self._next_vote = 1  # the step whose end_step holds the next vote (the same on every rank)
@@ -175,9 +177,7 @@ class Session:
     def _distributed(self) -> bool:
         if self.world_size <= 1:
             return False
-        import torch.distributed as dist
-
-        return dist.is_available() and dist.is_initialized()
+        return _process_group() is not None
 
     def _agree(self) -> None:
         with self._lock:
@@ -268,22 +268,26 @@ class Session:
     def exit(self) -> None:
         """Leave with the code meshd reads as 'preempted, resumable' (after `end_step` returned True)."""
         self.close()
-        try:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
-        except ImportError:
-            pass
+        dist = _process_group()
+        if dist is not None:
+            dist.destroy_process_group()
         sys.exit(PREEMPTED_EXIT_CODE)
 
 
-def attach(*, sampler: ElasticSampler | None = None, checkpoint_every: int = 0, accum_steps: int = 1,
+def _process_group():
+    """torch.distributed when the script initialised a process group, else None. Never imports torch: a script
+    that did not import it has no group (and importing it takes seconds: a torch-less job's exit would wait)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist if dist is not None and dist.is_available() and dist.is_initialized() else None
+
+
+def attach(*, sampler: ElasticSampler | None = None, checkpoint_every: int = 0, accum_steps: int | None = None,
            vote_interval: float = 0.25, handle_sigterm: bool | None = None, rng: bool = True,
            total_steps: int | None = None) -> Session:
     """The session for this process, configured from the environment (a no-op shell outside meshd).
 
-    rng=False leaves the random generators out of checkpoints (then a script without torch needs none).
+    accum_steps=None trains with the accumulation meshd chose (MESH_ACCUM_STEPS; the global batch is unchanged),
+    else 1. rng=False leaves the random generators out of checkpoints (then a script without torch needs none).
     total_steps: the steps the script runs in total; meshd then uses it as the job's length (its estimate,
     `mesh top`'s STEP x/N) unless `mesh submit --iters` gave one."""
     return Session(MeshEnv.read(), sampler, checkpoint_every, accum_steps, vote_interval, handle_sigterm, rng,
