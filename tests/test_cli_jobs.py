@@ -214,7 +214,7 @@ def test_top_json_and_gpu_share_unknown_on_fake_gpus(served, tmp_path, mesh):
     assert rows[1][gpu_col] == "-" and rows[1][gpu_col + 1].endswith("/500") and "." not in rows[1][gpu_col + 1]
     assert rows[1][4:7] == ("-", "16x1", "100")  # alone, its whole per-GPU batch (32 / 2 GPUs), a whole GPU
     r = typer_mesh("top", "--once")
-    assert r.exit_code == 0 and r.output.count("100") == 1  # the MPS share; no made-up GPU utilisation
+    assert r.exit_code == 0 and r.output.split().count("100") == 1  # the MPS share; no made-up GPU utilisation
     measured = dict(frame["nodes"][0], backend="nvml",
                     gpus=[dict(g, utilization=u) for g, u in zip(frame["nodes"][0]["gpus"], (30, 50, -1, -1))])
     assert top_rows(measured, frame["jobs"])[1][gpu_col] == "40"  # the mean of its GPUs' readings, where measured
