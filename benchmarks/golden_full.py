@@ -2,7 +2,7 @@
 digest of every job's start, finish and preemptions, to check that a refactor changes no decision.
 
     python benchmarks/golden_full.py --out results/golden.json [--policy sjf,srtf] [--json]
-    python benchmarks/golden_full.py --check tests/golden/philly_full.json     # compare against a saved file
+    python benchmarks/golden_full.py --check benchmarks/golden/philly_full.json   # compare against the saved digests
 
 Settings: 64 x 8 V100, seed 1 (the README's tables). A full run of every policy takes about 25 CPU-minutes.
 """
