@@ -73,7 +73,12 @@ def simulate_cmd(
     from meshsched.perf.loader import load_interference
     from meshsched.policies.stack import PolicyHandle
 
-    handle = PolicyHandle(perf, load_interference(), seed)  # the policies see the regime the replay runs in
+    from meshsched.policies.registry import POLICIES, parse_policy
+
+    # The policies see the performance model (and overhead regime) the replay runs in; the interference
+    # predictor (XGBoost, slow to import) only when a sharing policy is asked for.
+    sharing = any(POLICIES[n].needs_models for spec in names for n, _ in parse_policy(spec).values())
+    handle = PolicyHandle(perf, load_interference() if sharing else None, seed)
     cluster = None
     if cluster_text is not None:
         try:
