@@ -66,6 +66,15 @@ def _lucid(args: dict, h: PolicyHandle):
     return Lucid(perf=h.perf, interference=h.interference, **({"threshold": args["threshold"]} if "threshold" in args else {}))
 
 
+def _lazer(args: dict, h: PolicyHandle):
+    from meshsched.policies.lazer import Lazer
+    from meshsched.policies.lazer_opt import OptimizerConfig
+
+    names = {"xmax": "high_s", "refit": "refit_every"}
+    cfg = OptimizerConfig(seed=args.get("seed", h.seed), **{names[k]: v for k, v in args.items() if k in names})
+    return Lazer(h.perf, cfg)
+
+
 POLICIES: dict[str, Entry] = {
     "fifo": Entry("placement", _queue("fifo", Fifo, strict=True),
                   "first come first served, head-of-line blocking, non-preemptive", (_INTERVAL,)),
@@ -75,6 +84,12 @@ POLICIES: dict[str, Entry] = {
                   "shortest remaining time first, preempts on every arrival and release", (_INTERVAL,)),
     "las": Entry("preemption", _queue("las", LeastAttained, preemptive=True),
                  "Tiresias-style 2D-LAS: least attained GPU-time first, preemptive, needs no duration", (_INTERVAL,)),
+    "lazer": Entry("preemption", _lazer,
+                   "Lazer: SRTF on every arrival and release, each preemption deferred by X s chosen by Bayesian "
+                   "optimisation to avoid futile preemptions",
+                   (Param("refit", int, "refit the GP after this many new observations (default 5)"),
+                    Param("xmax", float, "the longest deferral X in seconds (default 100)"),
+                    Param("seed", int, "the optimiser's seed (default: the run's seed)")), True),
     "castor": Entry("placement", _castor,
                     "Castor SJF-BSBF: SJF; shares a single-job GPU only when the pair's mean JCT beats waiting",
                     (Param("depth", int, "queued jobs given the sharing search on a release (default 64)"),), True),
@@ -88,6 +103,7 @@ POLICIES: dict[str, Entry] = {
 _COMPANION = {
     "srtf": _queue("srtf", ShortestRemaining),
     "las": _queue("las", LeastAttained),
+    "lazer": _queue("lazer", ShortestRemaining),
 }
 
 

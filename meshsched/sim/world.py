@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from meshsched import events as ev
-from meshsched.actions import Action, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
+from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
 from meshsched.executor import check_handlers, dispatch
 from meshsched.perf.memory import pair_fits
 from meshsched.state import ExecConfig, JobSpec, NodeSpec
@@ -61,9 +61,10 @@ class SimWorld:
         self._training: dict[int, list[str]] = {}  # GPU -> jobs training on it (at most two)
         self._interference = interference
         self.oom_failures = 0
+        self._fit_count = 0
         self._now = 0.0  # time of the last event popped
         self._handlers = {Launch: self._launch, Preempt: self._preempt, Kill: self._kill,
-                          Reconfigure: self._reconfigure, ScheduleTimer: self._timer}
+                          Reconfigure: self._reconfigure, ScheduleTimer: self._timer, FitModel: self._fit}
         check_handlers("SimWorld", self._handlers)
 
     @property
@@ -99,7 +100,7 @@ class SimWorld:
             run.accumulation,
         )
 
-    def execute(self, actions: list[Action | ScheduleTimer], now: float) -> None:
+    def execute(self, actions: list[Action | ScheduleTimer | FitModel], now: float) -> None:
         for a in actions:
             dispatch("SimWorld", self._handlers, a, now)
 
@@ -147,6 +148,11 @@ class SimWorld:
 
     def _timer(self, a: ScheduleTimer, now: float) -> None:
         self.push(a.at, ev.Tick(f"tick-{a.key}", a.key))
+
+    def _fit(self, a: FitModel, now: float) -> None:
+        """Fit at once; the answer comes at the same simulated time (a replay stays deterministic)."""
+        self._fit_count += 1
+        self.push(now, ev.ModelFitted(f"fitted-{self._fit_count}", a.fit(a.request)))
 
     @staticmethod
     def _check_exec(x: ExecConfig) -> None:
