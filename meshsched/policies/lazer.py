@@ -179,8 +179,8 @@ class Lazer:
             if s.x > 0.0:
                 until = now + s.x
                 mem = replace(mem, deferrals=mem.deferrals + (Deferral(job.job_id, until, tuple(v.job_id for v in found.victims)),))
-                out.append(Defer(job.job_id, until, f"{self.name}: preempting {names} deferred {s.x:.0f}s "
-                                                    f"({s.stage.value})"))
+                out.append(Defer(job.job_id, until, f"Deferred ({self.name}: preempting {names} in {s.x:.0f}s, "
+                                                    f"X from the {s.stage.value} stage)"))
                 return mem
         for v in found.victims:
             evicted.add(v.job_id)
