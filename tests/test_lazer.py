@@ -184,14 +184,16 @@ def test_a_seeded_replay_is_deterministic_fits_included():
     assert sum(j.acct.preemptions for j in a.state.jobs.values()) > 0
 
 
+@pytest.mark.slow
 def test_the_memory_survives_new_policy_objects():
     """Fresh policy objects swapped in mid-replay, while a deferral and a measurement are in flight (before the
     first fit), change nothing: the deferral queues, pending measurements and observations are engine state."""
-    perf, jobs = _philly(150)
+    perf, jobs = _philly(60)
+    spec = "lazer:seed=2:refit=1000"  # one fit (after the bootstrap), not a refit every 5 observations
     probe: list = []
-    base, _ = _replay(jobs, perf, "lazer:seed=2", probe=probe)
+    base, _ = _replay(jobs, perf, spec, probe=probe)
     swap = next(i + 1 for i, (busy, no_model) in enumerate(probe) if busy and no_model)
-    swapped, seen = _replay(jobs, perf, "lazer:seed=2", swap_at=swap)
+    swapped, seen = _replay(jobs, perf, spec, swap_at=swap)
     assert seen[0].deferrals and seen[0].pending
     assert _records(swapped) == _records(base)
     assert swapped.memory == base.memory
