@@ -343,7 +343,9 @@ class NodeDaemon:
         if (err := future.exception()) is not None:
             LOG.warning("a model fit failed: %s: %s (the policy goes on with its last model)", type(err).__name__, err)
             return
-        self.dispatch(ev.ModelFitted(self._sid("fitted"), future.result()))
+        model = future.result()  # unpickling a torch model imported torch: the policy's suggestions use one thread
+        _one_thread()
+        self.dispatch(ev.ModelFitted(self._sid("fitted"), model))
 
     def _close_fit_pool(self) -> None:
         if self._fit_pool is not None:
@@ -566,7 +568,8 @@ class NodeDaemon:
 
 
 def _one_thread() -> None:
-    """Fit workers use one torch/OpenMP thread: at a few hundred points more threads only cost CPU."""
+    """Model work (fits in the worker, suggestions in meshd) uses one torch/OpenMP thread: at a few hundred
+    points more threads only cost CPU."""
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
