@@ -86,10 +86,12 @@ class Lazer:
     periodic = False
     order = ShortestRemaining()
 
-    def __init__(self, perf, config: OptimizerConfig | None = None, name: str = "lazer") -> None:
+    def __init__(self, perf, config: OptimizerConfig | None = None, name: str = "lazer", spare_loading: bool = False
+                 ) -> None:
         self.name = name
         self.perf = perf
         self.config = config or OptimizerConfig()
+        self.spare_loading = spare_loading  # never a candidate while loading (beyond the paper; see orchestrate)
         self._opt = DeferralOptimizer(self.config)
         self._synced: OptimizerState | None = None  # the optimiser state this copy last wrote to the memory
         self._model: object | None = None  # the model last installed from the view
@@ -192,9 +194,13 @@ class Lazer:
     def orchestrate(self, view: ClusterView, cycle: Cycle, job: Job, held: set[str]) -> Orchestrated | None:
         """Algorithm 2: running jobs (not pausing, not in `held`: DRQ or already evicted) with a strictly longer
         remaining time than `job`, longest first, until they and the free GPUs make a compact spot for it;
-        only those on the spot are J_r. None if no such set exists."""
+        only those on the spot are J_r. None if no such set exists. With `spare_loading`, a job still loading is
+        no candidate either: preempting it is by definition a futile preemption (Eq. 2), which the paper's
+        orchestrator allows and only the deferral avoids."""
         now = cycle.now
-        ranked = [(p, j) for p, j in self.order.worst_first(view.holding(), now) if j.job_id not in held]
+        loading = JobState.LOADING if self.spare_loading else None
+        ranked = [(p, j) for p, j in self.order.worst_first(view.holding(), now)
+                  if j.job_id not in held and j.state is not loading]
         spot, chosen = QueueScheduler._room_by_eviction(
             view, cycle.plan, cycle.plan.free_map(), job.spec.gpus, self.order.priority(job, now), ranked, held
         )

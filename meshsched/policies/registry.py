@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from meshsched.policies.queue import Fifo, LeastAttained, QueueScheduler, ShortestJob, ShortestRemaining
 from meshsched.policies.stack import PolicyHandle, PolicyStack
 
+_CHOICES = {"loading": ("preempt", "spare")}  # str parameters with a fixed set of values
 MIN_INTERVAL = 1.0  # seconds; a shorter activation interval is a busy loop, not a policy
 
 
@@ -72,7 +73,7 @@ def _lazer(args: dict, h: PolicyHandle):
 
     names = {"xmax": "high_s", "refit": "refit_every"}
     cfg = OptimizerConfig(seed=args.get("seed", h.seed), **{names[k]: v for k, v in args.items() if k in names})
-    return Lazer(h.perf, cfg)
+    return Lazer(h.perf, cfg, spare_loading=args.get("loading", "preempt") == "spare")
 
 
 POLICIES: dict[str, Entry] = {
@@ -89,7 +90,9 @@ POLICIES: dict[str, Entry] = {
                    "optimisation to avoid futile preemptions",
                    (Param("refit", int, "refit the GP after this many new observations (default 5)"),
                     Param("xmax", float, "the longest deferral X in seconds (default 100)"),
-                    Param("seed", int, "the optimiser's seed (default: the run's seed)")), True),
+                    Param("seed", int, "the optimiser's seed (default: the run's seed)"),
+                    Param("loading", str, "preempt (the paper: a loading job may be preempted) or spare (never)")),
+                   True),
     "castor": Entry("placement", _castor,
                     "Castor SJF-BSBF: SJF; shares a single-job GPU only when the pair's mean JCT beats waiting",
                     (Param("depth", int, "queued jobs given the sharing search on a release (default 64)"),), True),
@@ -148,6 +151,8 @@ def _parse_item(item: str) -> tuple[str, dict]:
             raise UnknownPolicy(f"policy {item!r}: the interval must be a finite number of seconds >= {MIN_INTERVAL:g}")
         if param.kind in (int, float) and key != "interval" and not (v > 0 and math.isfinite(v)):
             raise UnknownPolicy(f"policy {item!r}: {key} must be a positive number, got {value!r}")
+        if key in _CHOICES and v not in _CHOICES[key]:
+            raise UnknownPolicy(f"policy {item!r}: {key} must be one of {', '.join(_CHOICES[key])}, got {value!r}")
         args[key] = v
     return name, args
 
