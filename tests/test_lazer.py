@@ -76,6 +76,19 @@ def test_algorithm_2_candidates(snapshot, gpus, seconds, held, expected):
         assert sum(n for _, n in found.spot) == gpus
 
 
+@pytest.mark.parametrize(("spec", "expected"), [("lazer", {"l"}), ("lazer:loading=spare", None)])
+def test_a_loading_job_is_a_candidate_unless_spared(spec, expected):
+    perf = LinearPerf(LOAD, PAUSE)
+    engine = Engine(make_policy(spec, PolicyHandle(perf=perf)), ProfileEstimator(perf))
+    engine.handle(ev.NodeJoined("join", NodeSpec("n0", 4, "fake", 16384)), 0.0)
+    engine.handle(ev.JobSubmitted("s-l", _spec("l", 4, 8000)), 0.0)
+    assert engine.state.jobs["l"].state is JobState.LOADING
+    view = engine.view()
+    job = Job(_spec("new", 4, 1000), ideal_step_time=1.0, since=0.0, progress_time=0.0)
+    found = engine.policy.preemption.orchestrate(view, Cycle(view, 1.0, Trigger.ARRIVAL), job, set())
+    assert (None if found is None else {v.job_id for v in found.victims}) == expected
+
+
 # ------------------------------------------------------------------------------------------ Eq. 2 by hand
 
 
@@ -222,6 +235,8 @@ def test_registry_parses_lazer_and_its_parameters():
     assert lazer.config == OptimizerConfig(seed=7, high_s=50.0, refit_every=3)
     assert make_policy("lazer", PolicyHandle(perf=LinearPerf(), seed=4)).preemption.config.seed == 4
     assert parse_policy("castor+lazer") == {"placement": ("castor", {}), "preemption": ("lazer", {})}
+    assert make_policy("lazer:loading=spare", PolicyHandle(perf=LinearPerf())).preemption.spare_loading
+    assert not lazer.spare_loading
 
 
 @pytest.mark.parametrize(
@@ -233,6 +248,7 @@ def test_registry_parses_lazer_and_its_parameters():
         ("lazer:xmax=0", "positive"),
         ("lazer:refit=two", "refit must be int"),
         ("lazer:depth=3", "no parameter 'depth'"),
+        ("lazer:loading=maybe", "loading must be one of preempt, spare"),
     ],
 )
 def test_registry_refuses_what_makes_no_sense(spec, message):
