@@ -18,12 +18,13 @@ import os
 import shutil
 import time
 from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import AsyncExitStack
 from dataclasses import fields
 from pathlib import Path
 
 from meshsched import events as ev
-from meshsched.actions import Kill, Launch, Preempt, Reconfigure, ScheduleTimer
+from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
 from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.dirs import highest_job_dir, private_dir
 from meshsched.daemon.gpus import GpuBackend, open_backend
@@ -82,8 +83,9 @@ class NodeDaemon:
         self.throughput: dict[str, dict[int, dict]] = {}  # job -> rank -> latest report (samples/s, times)
         self._preempt_timers: dict[str, asyncio.TimerHandle] = {}
         self._restart_for: dict[str, ExecConfig] = {}  # job -> config it restarts with once it has checkpointed
+        self._fit_pool: ProcessPoolExecutor | None = None  # model fits (Lazer's GP) run here, off the loop
         self._handlers = {Launch: self._launch, Preempt: self._preempt, Kill: self._kill,
-                          Reconfigure: self._reconfigure, ScheduleTimer: self._arm_timer}
+                          Reconfigure: self._reconfigure, ScheduleTimer: self._arm_timer, FitModel: self._fit}
         check_handlers("meshd", self._handlers)
         self._id_floor = 1  # new job ids continue past every existing job directory
 
@@ -116,6 +118,7 @@ class NodeDaemon:
             self._stack.callback(lambda: [t.cancel() for t in self._tasks])
             self._stack.callback(self._cancel_timer)
             self._stack.callback(lambda: [t.cancel() for t in self._preempt_timers.values()])
+            self._stack.callback(self._close_fit_pool)
             self._recover()
             from meshsched.daemon.api import start_api
             from meshsched.daemon.jobsock import start_job_socket
@@ -188,7 +191,7 @@ class NodeDaemon:
         with self.journal.batch():
             actions = self.engine.handle(event, now)
             for action in actions:
-                if not isinstance(action, ScheduleTimer):
+                if isinstance(action, Action):
                     touched.append(action.job_id)
                 dispatch("meshd", self._handlers, action)
             for job_id in dict.fromkeys(touched):
@@ -330,6 +333,32 @@ class NodeDaemon:
         loop = asyncio.get_running_loop()
         delay = max(0.0, action.at - time.time())
         self._timer = loop.call_later(delay, self.dispatch, ev.Tick(self._sid("tick"), action.key))
+
+    def _fit(self, action: FitModel) -> None:  # the FitModel handler
+        """Run the fit in a worker process (bit-identical to a fit in the simulator, and the loop keeps
+        serving); its result comes back as ModelFitted."""
+        if self._fit_pool is None:
+            import multiprocessing
+
+            self._fit_pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"), initializer=_one_thread)
+        loop = asyncio.get_running_loop()
+        future = self._fit_pool.submit(action.fit, action.request)
+        future.add_done_callback(lambda f: loop.call_soon_threadsafe(self._fitted, f))
+
+    def _fitted(self, future: Future) -> None:
+        if self.status is not Status.RUNNING or future.cancelled():
+            return
+        if (err := future.exception()) is not None:
+            LOG.warning("a model fit failed: %s: %s (the policy goes on with its last model)", type(err).__name__, err)
+            return
+        model = future.result()  # unpickling a torch model imported torch: the policy's suggestions use one thread
+        _one_thread()
+        self.dispatch(ev.ModelFitted(self._sid("fitted"), model))
+
+    def _close_fit_pool(self) -> None:
+        if self._fit_pool is not None:
+            self._fit_pool.shutdown(wait=False, cancel_futures=True)
+            self._fit_pool = None
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -592,6 +621,15 @@ class NodeDaemon:
             "running": sum(1 for r in self.records.values() if r.state in HOLDING),
             "uptime": time.time() - self.started_at,
         }
+
+
+def _one_thread() -> None:
+    """Model work (fits in the worker, suggestions in meshd) uses one torch/OpenMP thread: at a few hundred
+    points more threads only cost CPU."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def _systemd_run(mode: str) -> str | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from meshsched.state import ExecConfig
 
@@ -49,3 +51,13 @@ class ScheduleTimer:
 
     at: float
     key: int
+
+
+@dataclass(frozen=True, slots=True)
+class FitModel:
+    """Run `fit(request)` away from the scheduling loop (seconds of CPU: Lazer's GP fit) and answer with
+    ModelFitted(result). `fit` is a module-level function: meshd runs it in another process; the simulator
+    runs it at once and answers at the same simulated time, so replays stay deterministic."""
+
+    fit: Callable[[Any], Any]
+    request: Any

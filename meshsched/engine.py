@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from meshsched import events as ev
-from meshsched.actions import Action, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
+from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
 from meshsched.estimate import StepTimeEstimator
 from meshsched.perf.placement import ideal_placement
 from meshsched.policies import base as pb
-from meshsched.policies.base import ClusterView, Defer, Evict, Start, Trigger, Wait
+from meshsched.policies.base import ClusterView, Defer, Evict, Remember, RequestFit, Start, Trigger, Wait
 from meshsched.policies.stack import PolicyStack
 from meshsched.state import ClusterState, ExecConfig, Job, JobState
 
@@ -52,6 +52,8 @@ class Engine:
         self._timer_key = 0
         self._deferred: dict[str, float] = {}  # queued job -> until when a preemption layer deferred it
         self._recalibrate: dict[str, None] = {}  # jobs whose packing set changed in this event (calibration layer)
+        self.memory: object | None = None  # the preemption layer's memory (a frozen value, `Remember`)
+        self.model: object | None = None  # the latest model a RequestFit produced (ModelFitted); derived, not durable
         self._handlers: dict[type, Callable[[ev.Event, float, list[Action]], Trigger | None]] = {
             ev.JobSubmitted: self._on_submitted,
             ev.JobStarted: self._on_started,
@@ -70,6 +72,7 @@ class Engine:
             ev.ReconfigureApplied: self._on_reconfigured,
             ev.RankReport: self._on_rank_report,
             ev.TotalDeclared: self._on_total_declared,
+            ev.ModelFitted: self._on_model_fitted,
         }
 
     # ---------------------------------------------------------------- entry point
@@ -90,7 +93,7 @@ class Engine:
     # ---------------------------------------------------------------- queries
 
     def view(self, arrived: str | None = None) -> ClusterView:
-        return ClusterView(self.state, self._queue, self._active, self._queued_gpus, arrived)
+        return ClusterView(self.state, self._queue, self._active, self._queued_gpus, arrived, self.memory, self.model)
 
     def queued(self) -> Iterator[Job]:
         return self.view().queue()
@@ -292,6 +295,13 @@ class Engine:
         jobs = self.state.jobs
         arrived = stimulus_job if trigger is Trigger.ARRIVAL else None
         for d in self.policy.schedule(self.view(arrived), now, trigger):
+            kind = type(d)
+            if kind is Remember:
+                self.memory = d.memory
+                continue
+            if kind is RequestFit:
+                actions.append(FitModel(d.fit, d.request))
+                continue
             job = jobs[d.job_id]
             if isinstance(d, Start):
                 if not job.state.is_queued:
@@ -482,6 +492,11 @@ class Engine:
         if queued:
             self._enqueue(job)
         self._log(now, e.stimulus_id, job, f"the script declared {e.iterations} iterations in total")
+        return None
+
+    def _on_model_fitted(self, e: ev.ModelFitted, now: float, actions: list[Action]) -> Trigger | None:
+        self.model = e.model
+        self._log(now, e.stimulus_id, None, f"model fitted ({type(e.model).__name__})")
         return None
 
     def _on_recovery_done(self, e: ev.RecoveryDone, now: float, actions: list[Action]) -> Trigger | None:

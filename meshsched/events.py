@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from meshsched.state import ExecConfig, JobSpec, NodeSpec
 
@@ -132,3 +133,10 @@ class TotalDeclared(Event):
 
     job_id: str
     iterations: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFitted(Event):
+    """A FitModel finished: `model` is what its fit returned (policies read it as `view.model`)."""
+
+    model: Any

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from meshsched.actions import Action, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
+from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
 
-ACTION_TYPES: frozenset[type] = frozenset({Launch, Preempt, Kill, Reconfigure, ScheduleTimer})
+ACTION_TYPES: frozenset[type] = frozenset({Launch, Preempt, Kill, Reconfigure, ScheduleTimer, FitModel})
 
 
 class UnknownAction(TypeError):
@@ -20,7 +20,7 @@ class UnknownAction(TypeError):
 
 
 class Executor(Protocol):
-    def execute(self, actions: Sequence[Action | ScheduleTimer], now: float) -> None: ...
+    def execute(self, actions: Sequence[Action | ScheduleTimer | FitModel], now: float) -> None: ...
 
 
 def check_handlers(owner: str, handlers: Mapping[type, Callable]) -> None:

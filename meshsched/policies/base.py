@@ -68,7 +68,27 @@ class Reconfigure:
     memo: CalibrationMemo | None = None  # a calibration layer's memory of the job, kept by the engine
 
 
-Decision = Start | Evict | Defer | Wait | Reconfigure
+@dataclass(frozen=True, slots=True)
+class Remember:
+    """Replace the preemption layer's memory, kept as engine state (a frozen value the policy reads back as
+    `view.memory`): what it must not lose at a restart or a leader change (Lazer's deferral queues and
+    observations). Not about one job: `job_id` is empty."""
+
+    memory: object
+    job_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFit:
+    """Ask for `fit(request)` off the scheduling loop (seconds of CPU: a GP fit); the result comes back as a
+    ModelFitted event and the policy reads it as `view.model`. `fit` is a module-level function."""
+
+    fit: object
+    request: object
+    job_id: str = ""
+
+
+Decision = Start | Evict | Defer | Wait | Reconfigure | Remember | RequestFit
 
 
 class ClusterView:
@@ -78,7 +98,7 @@ class ClusterView:
     (tests check that a scheduling pass leaves the state unchanged).
     """
 
-    __slots__ = ("_state", "_queue", "_active", "_queued_gpus", "arrived")
+    __slots__ = ("_state", "_queue", "_active", "_queued_gpus", "arrived", "memory", "model")
 
     def __init__(
         self,
@@ -87,12 +107,16 @@ class ClusterView:
         active: Mapping[str, Job],
         queued_gpus: Mapping[int, int],
         arrived: str | None = None,
+        memory: object | None = None,
+        model: object | None = None,
     ) -> None:
         self._state = state
         self._queue = queue
         self._active = active
         self._queued_gpus = queued_gpus
         self.arrived = arrived  # on Trigger.ARRIVAL: the job that just arrived
+        self.memory = memory  # the preemption layer's memory in engine state (`Remember`), None at first
+        self.model = model  # the latest model a `RequestFit` produced (ModelFitted), None before one
 
     def queue(self) -> Iterator[Job]:
         """Queued jobs (PENDING or PREEMPTED), best first by the policy's queue key."""

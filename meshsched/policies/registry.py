@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from meshsched.policies.queue import Fifo, LeastAttained, QueueScheduler, ShortestJob, ShortestRemaining
 from meshsched.policies.stack import PolicyHandle, PolicyStack
 
+_CHOICES = {"loading": ("preempt", "spare")}  # str parameters with a fixed set of values
 MIN_INTERVAL = 1.0  # seconds; a shorter activation interval is a busy loop, not a policy
 
 
@@ -81,6 +82,15 @@ def _gimbal(args: dict, h: PolicyHandle):
                              args.get("horizon", "drain") == "drain")
 
 
+def _lazer(args: dict, h: PolicyHandle):
+    from meshsched.policies.lazer import Lazer
+    from meshsched.policies.lazer_opt import OptimizerConfig
+
+    names = {"xmax": "high_s", "refit": "refit_every"}
+    cfg = OptimizerConfig(seed=args.get("seed", h.seed), **{names[k]: v for k, v in args.items() if k in names})
+    return Lazer(h.perf, cfg, spare_loading=args.get("loading", "preempt") == "spare")
+
+
 POLICIES: dict[str, Entry] = {
     "fifo": Entry("placement", _queue("fifo", Fifo, strict=True),
                   "first come first served, head-of-line blocking, non-preemptive", (_INTERVAL,)),
@@ -90,6 +100,14 @@ POLICIES: dict[str, Entry] = {
                   "shortest remaining time first, preempts on every arrival and release", (_INTERVAL,)),
     "las": Entry("preemption", _queue("las", LeastAttained, preemptive=True),
                  "Tiresias-style 2D-LAS: least attained GPU-time first, preemptive, needs no duration", (_INTERVAL,)),
+    "lazer": Entry("preemption", _lazer,
+                   "Lazer: SRTF on every arrival and release, each preemption deferred by X s chosen by Bayesian "
+                   "optimisation to avoid futile preemptions",
+                   (Param("refit", int, "refit the GP after this many new observations (default 5)"),
+                    Param("xmax", float, "the longest deferral X in seconds (default 100)"),
+                    Param("seed", int, "the optimiser's seed (default: the run's seed)"),
+                    Param("loading", str, "preempt (the paper: a loading job may be preempted) or spare (never)")),
+                   True),
     "castor": Entry("placement", _castor,
                     "Castor SJF-BSBF: SJF; shares a single-job GPU only when the pair's mean JCT beats waiting",
                     (Param("depth", int, "queued jobs given the sharing search on a release (default 64)"),), True),
@@ -109,6 +127,7 @@ POLICIES: dict[str, Entry] = {
 _COMPANION = {
     "srtf": _queue("srtf", ShortestRemaining),
     "las": _queue("las", LeastAttained),
+    "lazer": _queue("lazer", ShortestRemaining),
 }
 
 
@@ -155,6 +174,8 @@ def _parse_item(item: str) -> tuple[str, dict]:
             raise UnknownPolicy(f"policy {item!r}: {key} must be one of {', '.join(param.choices)}, got {value!r}")
         if param.kind in (int, float) and key != "interval" and not (v > 0 and math.isfinite(v)):
             raise UnknownPolicy(f"policy {item!r}: {key} must be a positive number, got {value!r}")
+        if key in _CHOICES and v not in _CHOICES[key]:
+            raise UnknownPolicy(f"policy {item!r}: {key} must be one of {', '.join(_CHOICES[key])}, got {value!r}")
         args[key] = v
     return name, args
 

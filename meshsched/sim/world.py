@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from meshsched import events as ev
-from meshsched.actions import Action, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
+from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
 from meshsched.executor import check_handlers, dispatch
 from meshsched.perf.memory import pair_fits
 from meshsched.perf.mps_share import Partner
@@ -77,9 +77,10 @@ class SimWorld:
         self._mps_share = mps_share  # meshsched.perf.mps_share.MpsShareModel: truth for calibrated jobs
         self.oom_failures = 0
         self.lgrr_switches = 0  # MPS-share changes carried out (each cost LGRR_SWITCH_S)
+        self._fit_count = 0
         self._now = 0.0  # time of the last event popped
         self._handlers = {Launch: self._launch, Preempt: self._preempt, Kill: self._kill,
-                          Reconfigure: self._reconfigure, ScheduleTimer: self._timer}
+                          Reconfigure: self._reconfigure, ScheduleTimer: self._timer, FitModel: self._fit}
         check_handlers("SimWorld", self._handlers)
 
     @property
@@ -115,7 +116,7 @@ class SimWorld:
             run.accumulation,
         )
 
-    def execute(self, actions: list[Action | ScheduleTimer], now: float) -> None:
+    def execute(self, actions: list[Action | ScheduleTimer | FitModel], now: float) -> None:
         for a in actions:
             dispatch("SimWorld", self._handlers, a, now)
 
@@ -171,6 +172,11 @@ class SimWorld:
 
     def _timer(self, a: ScheduleTimer, now: float) -> None:
         self.push(a.at, ev.Tick(f"tick-{a.key}", a.key))
+
+    def _fit(self, a: FitModel, now: float) -> None:
+        """Fit at once; the answer comes at the same simulated time (a replay stays deterministic)."""
+        self._fit_count += 1
+        self.push(now, ev.ModelFitted(f"fitted-{self._fit_count}", a.fit(a.request)))
 
     def _check_exec(self, x: ExecConfig, ranks: int) -> None:
         if x.plan is not None:

@@ -1,0 +1,265 @@
+"""Lazer (lazer.txt section 4) as a preemption layer: event-driven SRTF whose preemptions are deferred by X
+seconds chosen by Bayesian optimisation (meshsched.policies.lazer_opt).
+
+On an arrival (Algorithm 1, lines 1-10) the newcomer j_new starts if the placement layer can start it; if not,
+the scheduling orchestrator (Algorithm 2) looks among the running jobs (RQ: holding GPUs, not pausing, not in
+the deferred-run queue) for the longest-remaining ones with a strictly longer remaining time than j_new until
+their GPUs, with the free ones, make room for it. None: j_new waits in WQ (the engine's queue). Otherwise the
+deferral predictor suggests X from the context c (Eq. 5); X = 0 preempts at once, X > 0 is a `Defer` decision
+(an engine timer, never a thread): j_new goes to the deferred-wait queue (DWQ) and its candidates J_r to the
+deferred-run queue (DRQ: they keep running and no other newcomer may take them). When the timer fires the
+orchestrator runs again for j_new (J_r2, no second deferral): preempt, or back to WQ.
+On a release (completion, a finished pause; lines 11-17) queued jobs start in SRTF order on what came free;
+nothing is preempted. A deferred job starts too if GPUs come free for it (its deferral is then moot).
+
+F measurements (Eq. 2, `lazer_opt.ideal_deferral`): every prediction at t0 is pending until either a job with a
+shorter remaining time arrives within the pause + load window (F = its delay) or the window has passed (F = 0),
+observed at the first pass that knows it; then |X - F| goes to the optimiser.
+
+Memory: DWQ/DRQ, the pending measurements, the arrivals of the past hour and the optimiser's observations are
+one frozen `LazerMemory`, engine state (`Remember`), so a new policy object (a restart, a new leader) carries on
+from it. The policy keeps a working copy of the optimiser (rebuilt from the memory whenever it is not the one
+it wrote) and asks for GP fits with `RequestFit`; the fitted model comes back as `view.model`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from meshsched.policies.base import ClusterView, Cycle, Decision, Defer, Evict, Remember, RequestFit, Start, Trigger, Wait
+from meshsched.policies.lazer_opt import (
+    DeferralContext, DeferralOptimizer, OptimizerConfig, OptimizerState, fit_model, ideal_deferral, mean_interarrival,
+    objective,
+)
+from meshsched.policies.queue import QueueScheduler, ShortestRemaining
+from meshsched.state import Job, JobState
+
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Deferral:
+    """j_new in the deferred-wait queue until `until`; `victims` (J_r) in the deferred-run queue meanwhile."""
+
+    job_id: str
+    until: float
+    victims: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingMeasure:
+    """A prediction made at `at` whose F is not known yet."""
+
+    at: float
+    job_id: str
+    remaining_s: float  # j_new's remaining time at `at`: a shorter newcomer makes its load futile
+    context: DeferralContext
+    x: float
+
+    @property
+    def window_s(self) -> float:
+        return self.context.max_pause_s + self.context.load_s
+
+
+@dataclass(frozen=True, slots=True)
+class LazerMemory:
+    """Lazer's engine state."""
+
+    optimizer: OptimizerState
+    deferrals: tuple[Deferral, ...] = ()
+    pending: tuple[PendingMeasure, ...] = ()
+    arrivals: tuple[float, ...] = ()  # submit times in the past hour (the context's mean inter-arrival)
+
+
+@dataclass(frozen=True, slots=True)
+class Orchestrated:
+    """Algorithm 2's answer: J_r and where j_new then fits."""
+
+    victims: tuple[Job, ...]
+    spot: list[tuple[str, int]]
+
+
+class Lazer:
+    """The preemption layer. `perf` gives load and pause times (the context); `config` the optimiser."""
+
+    periodic = False
+    order = ShortestRemaining()
+
+    def __init__(self, perf, config: OptimizerConfig | None = None, name: str = "lazer", spare_loading: bool = False
+                 ) -> None:
+        self.name = name
+        self.perf = perf
+        self.config = config or OptimizerConfig()
+        self.spare_loading = spare_loading  # never a candidate while loading (beyond the paper; see orchestrate)
+        self._opt = DeferralOptimizer(self.config)
+        self._synced: OptimizerState | None = None  # the optimiser state this copy last wrote to the memory
+        self._model: object | None = None  # the model last installed from the view
+        self._asked = 0  # observations in the last fit asked for (not memory: after a restart, ask again)
+
+    # ------------------------------------------------------------------ the layer's protocol
+
+    def queue_key(self, job: Job) -> tuple:
+        return self.order.priority(job, job.since)
+
+    def next_timer(self, view: ClusterView, now: float) -> float | None:
+        return None  # event-driven; deferrals arm their own timers through the engine
+
+    def schedule(self, view: ClusterView, cycle: Cycle, placement) -> list[Decision]:
+        now = cycle.now
+        mem = before = self._sync(view)
+        out: list[Decision] = []
+        arrived = view.job(cycle.arrived) if cycle.arrived is not None else None
+        if arrived is not None:
+            mem = replace(mem, arrivals=tuple(t for t in mem.arrivals if t > now - HOUR_S) + (now,))
+        pending, observed = self._measure(mem.pending, arrived, now)
+        if observed:
+            mem = replace(mem, pending=pending)
+        # deferrals that ran out (or whose job started or left): their victims go back to RQ
+        live = tuple(d for d in mem.deferrals if d.until > now and view.job(d.job_id).state.is_queued)
+        expired = [d for d in mem.deferrals if d not in live]
+        if expired:
+            mem = replace(mem, deferrals=live)
+        evicted: set[str] = set()
+        if cycle.trigger is Trigger.RELEASE:
+            self._complete(view, cycle, placement, out)
+        started = {d.job_id for d in out}
+        for d in sorted(expired, key=lambda d: (d.until, d.job_id)):  # Algorithm 1, lines 8-10
+            job = view.job(d.job_id)
+            if job.state.is_queued and job.job_id not in started:
+                mem = self._consider(view, cycle, placement, job, mem, evicted, out, may_defer=False)
+        if arrived is not None and arrived.state.is_queued and arrived.spec.gpus <= view.total_gpus:
+            mem = self._consider(view, cycle, placement, arrived, mem, evicted, out, may_defer=True)
+        if mem is not before:
+            out.append(Remember(replace(mem, optimizer=self._state())))
+        if self._opt.needs_fit() and len(self._opt.observations) > self._asked:
+            request = self._opt.fit_request()
+            self._asked = len(request.observations)
+            out.append(RequestFit(fit_model, request))
+        return out
+
+    def _complete(self, view: ClusterView, cycle: Cycle, placement, out: list[Decision]) -> None:
+        """The completion handler (Algorithm 1, lines 11-17): queued jobs, shortest remaining first, start on
+        what came free; nothing is preempted."""
+        no_start = view.total_gpus + 1  # a monotone placement that failed N GPUs fails every larger job
+        for job in view.queue():
+            need = job.spec.gpus
+            if need >= no_start:
+                if no_start <= view.min_queued_gpus:
+                    break
+                continue
+            d = placement.try_start(view, cycle, job)
+            if isinstance(d, Start):
+                out.append(d)
+            elif placement.monotone:
+                no_start = need
+
+    # ------------------------------------------------------------------ Algorithm 1 for one job
+
+    def _consider(self, view, cycle, placement, job: Job, mem: LazerMemory, evicted: set[str], out: list[Decision],
+                  may_defer: bool) -> LazerMemory:
+        now = cycle.now
+        d = placement.try_start(view, cycle, job)
+        if isinstance(d, Start):
+            out.append(d)
+            return mem
+        held = {v for x in mem.deferrals for v in x.victims} | evicted
+        found = self.orchestrate(view, cycle, job, held)
+        if found is None:
+            if not may_defer:
+                out.append(Wait(job.job_id, f"{self.name}: deferral over; no lower-priority jobs to preempt (WQ)"))
+            return mem
+        names = ",".join(v.job_id for v in found.victims)
+        if may_defer:
+            remaining = job.remaining_time(now)
+            ctx = DeferralContext(
+                mean_interarrival(mem.arrivals, now, HOUR_S), remaining, self._load(job),
+                max(self._pause(v) for v in found.victims),
+            )
+            s = self._opt.decide(ctx)
+            mem = replace(mem, pending=mem.pending + (PendingMeasure(now, job.job_id, remaining, ctx, s.x),))
+            if s.x > 0.0:
+                until = now + s.x
+                mem = replace(mem, deferrals=mem.deferrals + (Deferral(job.job_id, until, tuple(v.job_id for v in found.victims)),))
+                out.append(Defer(job.job_id, until, f"Deferred ({self.name}: preempting {names} in {s.x:.0f}s, "
+                                                    f"X from the {s.stage.value} stage)"))
+                return mem
+        for v in found.victims:
+            evicted.add(v.job_id)
+            out.append(Evict(v.job_id, f"{self.name}: preempted for {job.job_id}"))
+        for node, count in found.spot:  # hold the spot's free GPUs for j_new; the rest come from the victims
+            cycle.plan.withhold(node, count)
+        return mem
+
+    def orchestrate(self, view: ClusterView, cycle: Cycle, job: Job, held: set[str]) -> Orchestrated | None:
+        """Algorithm 2: running jobs (not pausing, not in `held`: DRQ or already evicted) with a strictly longer
+        remaining time than `job`, longest first, until they and the free GPUs make a compact spot for it;
+        only those on the spot are J_r. None if no such set exists. With `spare_loading`, a job still loading is
+        no candidate either: preempting it is by definition a futile preemption (Eq. 2), which the paper's
+        orchestrator allows and only the deferral avoids."""
+        now = cycle.now
+        loading = JobState.LOADING if self.spare_loading else None
+        ranked = [(p, j) for p, j in self.order.worst_first(view.holding(), now)
+                  if j.job_id not in held and j.state is not loading]
+        spot, chosen = QueueScheduler._room_by_eviction(
+            view, cycle.plan, cycle.plan.free_map(), job.spec.gpus, self.order.priority(job, now), ranked, held
+        )
+        if spot is None:
+            return None
+        on_spot = {node for node, _ in spot}
+        victims = tuple(view.job(vid) for vid, nodes in chosen if on_spot.intersection(nodes))
+        return Orchestrated(victims, spot) if victims else None
+
+    # ------------------------------------------------------------------ F measurements (Eq. 2)
+
+    def _measure(self, pending: tuple[PendingMeasure, ...], arrived: Job | None, now: float
+                 ) -> tuple[tuple[PendingMeasure, ...], bool]:
+        keep, observed = [], False
+        shorter = arrived.remaining_time(now) if arrived is not None else math.inf
+        for p in pending:
+            delay = now - p.at
+            if delay > p.window_s:
+                f = 0.0  # nobody shorter came while j_new would pause its victims and load: no futile load
+            elif shorter < p.remaining_s and arrived.job_id != p.job_id:
+                f = ideal_deferral(delay, p.context.max_pause_s, p.context.load_s, self.config.high_s)
+            else:
+                keep.append(p)
+                continue
+            self._opt.observe(p.context, p.x, objective(p.x, f))
+            observed = True
+        return (tuple(keep) if observed else pending), observed
+
+    # ------------------------------------------------------------------ memory
+
+    def _sync(self, view: ClusterView) -> LazerMemory:
+        mem = view.memory if isinstance(view.memory, LazerMemory) else None
+        state = mem.optimizer if mem is not None else None
+        if state is not self._synced:  # written by another policy object (restart, new leader): carry on from it
+            self._opt = (DeferralOptimizer(self.config) if state is None
+                         else DeferralOptimizer.restore(self.config, replace(state, fitted_observations=0)))
+            self._synced, self._model, self._asked = state, None, 0
+        model = view.model
+        if model is not None and model is not self._model:
+            self._model = model
+            self._opt.install(model)
+        return mem if mem is not None else LazerMemory(self._opt.state())
+
+    def _state(self) -> OptimizerState:
+        self._synced = self._opt.state()
+        return self._synced
+
+    def _load(self, job: Job) -> float:
+        return _overhead(self.perf, "load_time", job.spec.model)
+
+    def _pause(self, job: Job) -> float:
+        # a job still loading has nothing new to save: it stops at once
+        return 0.0 if job.state is JobState.LOADING else _overhead(self.perf, "pause_time", job.spec.model)
+
+
+def _overhead(perf, what: str, model: str) -> float:
+    if perf is None:
+        return 0.0
+    try:
+        return float(getattr(perf, what)(model))
+    except KeyError:  # UnknownProfile: a model with no measured overheads (a user's script)
+        return 0.0

@@ -1,0 +1,341 @@
+"""Lazer as a preemption layer (meshsched/policies/lazer.py): Algorithm 2 on a hand-made snapshot, Eq. 2's futile
+preemption avoided by a deferral (replayed by hand), deferral timers, F measurements, memory in engine state,
+seeded determinism, the registry, and meshd with fake GPUs (a deferred preemption; the GP fit off the loop)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshsched import events as ev
+from meshsched.actions import FitModel
+from meshsched.engine import Engine
+from meshsched.estimate import ProfileEstimator
+from meshsched.policies.base import Cycle, Trigger
+from meshsched.policies.lazer import Lazer, LazerMemory
+from meshsched.policies.lazer_opt import OptimizerConfig, latin_hypercube
+from meshsched.policies.registry import UnknownPolicy, make_policy, parse_policy
+from meshsched.policies.stack import PolicyHandle
+from meshsched.sim.loop import ClusterSpec, simulate
+from meshsched.sim.world import SimWorld
+from meshsched.state import Job, JobSpec, JobState, NodeSpec
+from tests.fakes import LinearPerf
+
+LOAD, PAUSE = 10.0, 5.0  # LinearPerf: a step of 100 samples per GPU takes 1 s
+
+
+def _spec(job_id: str, gpus: int, seconds: int, submit: float = 0.0) -> JobSpec:
+    return JobSpec(job_id, gpus, "m", 100 * gpus, seconds, submit_time=submit)
+
+
+def _seed_with_first_x(low: float, high: float, xmax: float = 100.0) -> tuple[int, float]:
+    """A seed whose first bootstrap deferral (Latin hypercube) lies in [low, high]."""
+    for seed in range(1, 500):
+        x = latin_hypercube(10, 0.0, xmax, (seed, 0))[0]
+        if low <= x <= high:
+            return seed, x
+    raise AssertionError("no seed found")
+
+
+# ------------------------------------------------------------------------------------------ Algorithm 2
+
+
+@pytest.fixture
+def snapshot():
+    """2 nodes x 4 GPUs: c (4 GPUs, 8000 s left) fills one node; a (2 GPUs, 5000 s) and b (2 GPUs, 3000 s) the other."""
+    perf = LinearPerf(LOAD, PAUSE)
+    engine = Engine(make_policy("lazer", PolicyHandle(perf=perf)), ProfileEstimator(perf))
+    for n in ("n0", "n1"):
+        engine.handle(ev.NodeJoined(f"join-{n}", NodeSpec(n, 4, "fake", 16384)), 0.0)
+    for job_id, gpus, secs in (("c", 4, 8000), ("a", 2, 5000), ("b", 2, 3000)):
+        engine.handle(ev.JobSubmitted(f"s-{job_id}", _spec(job_id, gpus, secs)), 0.0)
+        engine.handle(ev.JobStarted(f"l-{job_id}", job_id), 0.0)
+    assert all(engine.state.jobs[j].state is JobState.RUNNING for j in "abc")
+    assert len({engine.state.gpus[engine.state.jobs[j].gpus[0]].node for j in "ab"}) == 1
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("gpus", "seconds", "held", "expected"),
+    [
+        (4, 1000, set(), {"c"}),  # the longest running job alone frees a node
+        (2, 1000, set(), {"c"}),  # longest first, even when a shorter job would free just enough
+        (6, 1000, set(), {"c", "a"}),  # longest first until the GPUs suffice
+        (4, 6000, set(), {"c"}),  # only strictly longer jobs are candidates
+        (6, 6000, set(), None),  # ... and c alone is too small
+        (4, 1000, {"c"}, {"a", "b"}),  # c is in the deferred-run queue: not a candidate
+        (4, 9000, set(), None),  # nobody is longer
+    ],
+)
+def test_algorithm_2_candidates(snapshot, gpus, seconds, held, expected):
+    lazer: Lazer = snapshot.policy.preemption
+    view = snapshot.view()
+    job = Job(_spec("new", gpus, seconds), ideal_step_time=1.0, since=0.0, progress_time=0.0)
+    found = lazer.orchestrate(view, Cycle(view, 0.0, Trigger.ARRIVAL), job, set(held))
+    assert (None if found is None else {v.job_id for v in found.victims}) == expected
+    if found is not None:
+        assert sum(n for _, n in found.spot) == gpus
+
+
+@pytest.mark.parametrize(("spec", "expected"), [("lazer", {"l"}), ("lazer:loading=spare", None)])
+def test_a_loading_job_is_a_candidate_unless_spared(spec, expected):
+    perf = LinearPerf(LOAD, PAUSE)
+    engine = Engine(make_policy(spec, PolicyHandle(perf=perf)), ProfileEstimator(perf))
+    engine.handle(ev.NodeJoined("join", NodeSpec("n0", 4, "fake", 16384)), 0.0)
+    engine.handle(ev.JobSubmitted("s-l", _spec("l", 4, 8000)), 0.0)
+    assert engine.state.jobs["l"].state is JobState.LOADING
+    view = engine.view()
+    job = Job(_spec("new", 4, 1000), ideal_step_time=1.0, since=0.0, progress_time=0.0)
+    found = engine.policy.preemption.orchestrate(view, Cycle(view, 1.0, Trigger.ARRIVAL), job, set())
+    assert (None if found is None else {v.job_id for v in found.victims}) == expected
+
+
+# ------------------------------------------------------------------------------------------ Eq. 2 by hand
+
+
+def _three_jobs(d: float) -> list[JobSpec]:
+    """j1 holds the node for 10,000 s; j2 (1,000 s) arrives at 100; j3 (100 s), shorter still, at 100 + d."""
+    return [_spec("j1", 4, 10_000, 0.0), _spec("j2", 4, 1000, 100.0), _spec("j3", 4, 100, 100.0 + d)]
+
+
+def _run(jobs, policy: str):
+    perf = LinearPerf(LOAD, PAUSE)
+    return simulate(jobs, make_policy(policy, PolicyHandle(perf=perf)), perf, ClusterSpec(1, 4, "fake", 16384),
+                    after_event=lambda e: e.state.validate())
+
+
+def test_a_deferral_avoids_the_futile_preemption_of_eq_2():
+    """SRTF: j1 pauses (5 s), j2 loads (10 s) from 105 to 115, j3 arrives at 108 during that load (Eq. 2: it is
+    the shortest and arrives in the load phase) and preempts j2: its load is futile. Lazer defers j2's
+    preemption by X (> 8 s): j3 finds j1 in the deferred-run queue and waits; when X ends j2 preempts j1,
+    and on the release the shortest queued job, j3, starts. Nothing is loaded in vain."""
+    d = 8.0
+    srtf = _run(_three_jobs(d), "srtf").engine
+    assert srtf.state.jobs["j2"].acct.futile_preemptions == 1
+    assert srtf.state.jobs["j2"].acct.futile_time == pytest.approx(d - PAUSE)
+
+    seed, x = _seed_with_first_x(20.0, 90.0)
+    lazer = _run(_three_jobs(d), f"lazer:seed={seed}").engine
+    jobs = lazer.state.jobs
+    assert sum(j.acct.futile_preemptions for j in jobs.values()) == 0
+    assert all(j.state is JobState.COMPLETED for j in jobs.values())
+    # the timer fired at 100 + X and the pass decided again: j1 preempted then, not at j2's arrival
+    deferred = [e for e in lazer.explain("j2") if e.message.startswith("deferred")]
+    assert [e.time for e in deferred] == [100.0] and "preempting j1" in deferred[0].message
+    evicted = [e for e in lazer.explain("j1") if "preempted for j2" in e.message]
+    assert [e.time for e in evicted] == [pytest.approx(100.0 + x)]
+    # j3 started before j2 once j1's GPUs came free
+    assert jobs["j3"].acct.first_start == pytest.approx(100.0 + x + PAUSE)
+    assert jobs["j2"].acct.first_start > jobs["j3"].acct.first_start
+    # F measured when j3 arrived 8 s after the decision (within p + l = 15 s): F = 8, f = |X - 8|
+    mem = lazer.memory
+    assert isinstance(mem, LazerMemory) and not mem.pending and not mem.deferrals
+    (obs,) = mem.optimizer.observations
+    assert obs.x == pytest.approx(x) and obs.f == pytest.approx(abs(x - d))
+    assert (obs.context.load_s, obs.context.max_pause_s) == (LOAD, PAUSE)
+
+
+def test_f_is_zero_when_no_shorter_job_comes_within_pause_plus_load():
+    """j3 arrives 40 s after the decision, after p + l = 15 s: F = 0, observed at that next pass."""
+    seed, x = _seed_with_first_x(50.0, 90.0)
+    engine = _run(_three_jobs(40.0), f"lazer:seed={seed}").engine
+    (obs,) = engine.memory.optimizer.observations
+    assert obs.f == pytest.approx(x)  # |X - 0|
+
+
+def test_an_immediate_x_preempts_at_once_like_srtf():
+    seed, x = _seed_with_first_x(0.0, 4.0)
+    engine = _run(_three_jobs(50.0), f"lazer:seed={seed}").engine
+    evicted = [e.time for e in engine.explain("j1") if "preempted for j2" in e.message]
+    assert evicted == [pytest.approx(100.0 + x if x > 0 else 100.0)]
+
+
+# ------------------------------------------------------------------------------------------ memory, fits
+
+
+def _philly(n: int):
+    from meshsched.perf import load_perf_model
+    from meshsched.sim.traces import TraceOptions, load_trace
+
+    perf = load_perf_model(overheads="lazer")
+    return perf, load_trace("philly", perf, TraceOptions(gpu_type="v100", gpus_per_node=8, seed=1, first_n=n)).jobs
+
+
+def _records(engine) -> list[tuple]:
+    return sorted((j.job_id, j.acct.finish_time, j.acct.first_start, j.acct.preemptions, j.acct.futile_preemptions,
+                   j.restarts) for j in engine.state.jobs.values())
+
+
+def _replay(jobs, perf, spec: str, swap_at: int | None = None, probe: list | None = None):
+    """A replay on 2 x 8 V100; `swap_at`: replace the policy objects by fresh ones after that many events
+    (a restart or a new leader: only engine state survives); `probe` gets (memory busy, no model yet) per event."""
+    count = [0]
+    seen: list = []
+
+    def after(engine):
+        count[0] += 1
+        mem = engine.memory
+        if probe is not None:
+            probe.append((mem is not None and bool(mem.deferrals) and bool(mem.pending), engine.model is None))
+        if count[0] == swap_at:
+            seen.append(mem)
+            engine.policy = make_policy(spec, PolicyHandle(perf=perf))
+
+    r = simulate(jobs, make_policy(spec, PolicyHandle(perf=perf)), perf,
+                 ClusterSpec(2, 8, "v100", perf.gpu_memory_mb("v100")), after_event=after)
+    return r.engine, seen
+
+
+@pytest.mark.slow
+def test_a_seeded_replay_is_deterministic_fits_included():
+    perf, jobs = _philly(100)
+    spec = "lazer:seed=3:refit=1000"  # one fit (after the bootstrap): the test stays short
+    a, _ = _replay(jobs, perf, spec)
+    b, _ = _replay(jobs, perf, spec)
+    assert a.model is not None and a.model.n_observations >= 10  # GP fits ran (FitModel -> ModelFitted)
+    assert any("model fitted" in e.message for e in a.log)
+    opt = a.memory.optimizer
+    assert opt.bootstrap_issued < len(opt.observations) + len(a.memory.pending)  # the model chose some X
+    assert _records(a) == _records(b)
+    assert a.memory == b.memory
+    assert sum(j.acct.preemptions for j in a.state.jobs.values()) > 0
+
+
+@pytest.mark.slow
+def test_the_memory_survives_new_policy_objects():
+    """Fresh policy objects swapped in mid-replay, while a deferral and a measurement are in flight (before the
+    first fit), change nothing: the deferral queues, pending measurements and observations are engine state."""
+    perf, jobs = _philly(60)
+    spec = "lazer:seed=2:refit=1000"  # one fit (after the bootstrap), not a refit every 5 observations
+    probe: list = []
+    base, _ = _replay(jobs, perf, spec, probe=probe)
+    swap = next(i + 1 for i, (busy, no_model) in enumerate(probe) if busy and no_model)
+    swapped, seen = _replay(jobs, perf, spec, swap_at=swap)
+    assert seen[0].deferrals and seen[0].pending
+    assert _records(swapped) == _records(base)
+    assert swapped.memory == base.memory
+
+
+def test_the_simulator_fits_at_once_and_answers_at_the_same_time():
+    world = SimWorld(LinearPerf(), [NodeSpec("n0", 1, "fake", 16384)])
+    world.execute([FitModel(sum, (1, 2, 3))], 7.5)
+    at, event = world.pop()
+    assert at == 7.5 and isinstance(event, ev.ModelFitted) and event.model == 6
+
+
+# ------------------------------------------------------------------------------------------ registry
+
+
+def test_registry_parses_lazer_and_its_parameters():
+    assert parse_policy("lazer") == {"preemption": ("lazer", {})}
+    assert parse_policy("lazer:refit=3:xmax=50:seed=7") == {
+        "preemption": ("lazer", {"refit": 3, "xmax": 50.0, "seed": 7})}
+    stack = make_policy("lazer:refit=3:xmax=50:seed=7", PolicyHandle(perf=LinearPerf()))
+    lazer = stack.preemption
+    assert isinstance(lazer, Lazer) and stack.placement.name == "lazer"  # alone: greedy placement, SRTF order
+    assert lazer.config == OptimizerConfig(seed=7, high_s=50.0, refit_every=3)
+    assert make_policy("lazer", PolicyHandle(perf=LinearPerf(), seed=4)).preemption.config.seed == 4
+    assert parse_policy("castor+lazer") == {"placement": ("castor", {}), "preemption": ("lazer", {})}
+    assert make_policy("lazer:loading=spare", PolicyHandle(perf=LinearPerf())).preemption.spare_loading
+    assert not lazer.spare_loading
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("sjf+lazer", "sjf's queue order is replaced by lazer's"),
+        ("srtf+lazer", "both preemption policies"),
+        ("lazer@60", "runs on every event"),
+        ("lazer:xmax=0", "positive"),
+        ("lazer:refit=two", "refit must be int"),
+        ("lazer:depth=3", "no parameter 'depth'"),
+        ("lazer:loading=maybe", "loading must be one of preempt, spare"),
+    ],
+)
+def test_registry_refuses_what_makes_no_sense(spec, message):
+    with pytest.raises(UnknownPolicy, match=message):
+        parse_policy(spec)
+
+
+# ------------------------------------------------------------------------------------------ meshd
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    from tests.test_daemon_helpers import remove, short_dir
+
+    runtime = short_dir()
+    yield tmp_path / "state", runtime
+    remove(runtime)
+
+
+_SDK_JOB = (
+    "import os, signal, sys, time\nfrom meshsched.daemon.jobclient import JobClient\n"
+    "c = JobClient.from_env()\n"
+    "if os.environ['MESH_RESTART_COUNT'] != '0': sys.exit(0)\n"
+    "def term(*_):\n    c.checkpoint(42)\n    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, term)\nc.hello()\nprint('ready', flush=True)\ntime.sleep(60)\n"
+)
+
+
+@pytest.mark.slow
+async def test_meshd_defers_a_real_preemption_then_preempts(dirs):
+    """meshd --policy lazer with fake GPUs: a short job's preemption of a long one is deferred by X (the job
+    pends with reason Deferred and the long one keeps running), then the timer fires and it is preempted."""
+    from meshsched.daemon.node import NodeDaemon
+    from meshsched.protocol import SubmitRequest
+    from tests.test_daemon_helpers import kill_sessions, make_config, py, wait_for
+
+    seed, x = _seed_with_first_x(1.5, 4.0, xmax=4.0)
+    d = NodeDaemon(make_config(*dirs, policy=f"lazer:xmax=4:seed={seed}"))
+    await d.start()
+    try:
+        long = d.submit(SubmitRequest(command=py(_SDK_JOB), cwd="/tmp", gpus=4, iterations=1000), "tester")
+        log = d.config.jobs_dir / long.job_id / "logs" / "rank0.log"
+        await wait_for(lambda: log.exists() and "ready" in log.read_text(), what="long job ready")
+        short = d.submit(SubmitRequest(command=py("pass"), cwd="/tmp", gpus=2, iterations=1), "tester")
+        assert d.records[long.job_id].state == "RUNNING"  # not told to checkpoint yet
+        assert d.records[short.job_id].state == "PENDING"
+        assert d.records[short.job_id].reason.startswith(f"Deferred (lazer: preempting {long.job_id} in ")
+        assert d.engine.state.jobs[short.job_id].deferred_until is not None
+        await wait_for(lambda: d.records[long.job_id].state != "RUNNING", timeout=x + 10, what="the deferred preemption")
+        await wait_for(lambda: d.records[short.job_id].state == "COMPLETED", what="short job done")
+        await wait_for(lambda: d.records[long.job_id].state == "COMPLETED", what="long job resumed and done")
+        hist = [s for _, s, _ in d.journal.history(long.job_id)]
+        assert hist[:5] == ["PENDING", "LOADING", "RUNNING", "PAUSING", "PREEMPTED"]
+        evict = [e for e in d.engine.explain(long.job_id) if "preempted for" in e.message]
+        defer = [e for e in d.engine.explain(short.job_id) if e.message.startswith("deferred")]
+        assert len(evict) == 1 and len(defer) == 1 and evict[0].time - defer[0].time >= x - 0.05
+    finally:
+        pids = [r.supervisor_pid for r in d.records.values()]
+        await d.close()
+        kill_sessions(pids)
+
+
+@pytest.mark.slow
+async def test_meshd_fits_in_another_process_while_the_loop_answers(dirs):
+    """A FitModel runs the real GP fit in a worker process: meshd's API answers while it runs, and the model
+    comes back as ModelFitted."""
+    import aiohttp
+
+    from meshsched.daemon.node import NodeDaemon
+    from meshsched.executor import dispatch
+    from meshsched.policies.lazer_opt import DeferralContext, FitRequest, Observation, fit_model
+    from tests.test_daemon_helpers import make_config, wait_for
+
+    d = NodeDaemon(make_config(*dirs, policy="lazer"))
+    await d.start()
+    try:
+        obs = tuple(Observation(DeferralContext(30.0 + i, 600.0 * (i + 1), 120.0, 8.0), 10.0 * i, abs(10.0 * i - 40.0))
+                    for i in range(12))
+        dispatch("meshd", d._handlers, FitModel(fit_model, FitRequest(OptimizerConfig(seed=1), obs)))
+        assert d.engine.model is None  # the handler returned without fitting
+        conn = aiohttp.UnixConnector(path=str(d.config.api_socket))
+        async with aiohttp.ClientSession(connector=conn) as http:
+            async with http.get("http://meshd/v1/jobs") as resp:
+                assert resp.status == 200
+        assert d.engine.model is None  # the loop answered while the fit was still running
+        await wait_for(lambda: d.engine.model is not None, timeout=180, what="the fitted model")
+        assert d.engine.model.n_observations == 12
+        assert any("model fitted (FittedModel)" in e.message for e in d.engine.log)
+    finally:
+        await d.close()
