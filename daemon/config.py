@@ -4,7 +4,7 @@ Defaults (documented in docs/daemon.md):
   config file    /etc/meshsched/meshd.toml (read only when present, or the file given by --config)
   state_dir      /var/lib/meshsched as root, else $XDG_STATE_HOME/meshsched (~/.local/state/meshsched)
   runtime_dir    /run/meshsched as root, else $XDG_RUNTIME_DIR/meshsched, else /tmp/meshsched-$UID
-  policy         sjf            (any name `make_policy` accepts, e.g. srtf@360)
+  policy         sjf            (any stack `make_policy` accepts, e.g. srtf@360, castor+srtf, castor+gimbal, lazer)
   fake_gpus      0 = use NVML when present, else 8 fake GPUs
   gpu_type       v100 for fake GPUs (so --model profiles apply); NVML reports the real name
   node_name      the host name
@@ -90,10 +90,10 @@ class DaemonConfig:
         return self.state_dir / "jobs"
 
     def validate(self) -> DaemonConfig:
-        from meshsched.policies.registry import UnknownPolicy, make_policy
+        from meshsched.policies.registry import UnknownPolicy, parse_policy
 
         try:
-            make_policy(self.policy)
+            parse_policy(self.policy)  # checked without building it: models are loaded once, by NodeDaemon.start
         except UnknownPolicy as exc:
             raise ConfigError(f"policy: {exc}") from None
         if self.fake_gpus < 0:
