@@ -18,7 +18,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", type=Path, help="TOML file (default /etc/meshsched/meshd.toml when present)")
     p.add_argument("--state-dir", type=Path, help="journal and job directories")
     p.add_argument("--runtime-dir", type=Path, help="where the API and job sockets live")
-    p.add_argument("--policy", help="scheduling policy (default sjf)")
+    p.add_argument("--policy", help="policy stack, e.g. sjf (default), srtf@360, castor, castor+srtf, castor+gimbal, lazer")
     p.add_argument("--fake-gpus", type=int, help="serve N fake GPUs (default: NVML, else 8 fake)")
     p.add_argument("--node-name", help="this node's name (default: host name)")
     p.add_argument("--http-tcp", help="also serve the API on HOST:PORT (needs --token-file or MESHD_TOKEN)")
