@@ -35,7 +35,9 @@ def _window(text: str | None) -> tuple[float, float] | None:
 
 def simulate_cmd(
     trace: str = typer.Option("philly", help=f"Builtin trace ({', '.join(BUILTIN_TRACES)}) or a CSV file (docs/trace-format.md)."),
-    policy: str = typer.Option(DEFAULT_POLICIES, help=f"Comma-separated policies: {', '.join(POLICIES)}; NAME@SECONDS runs it periodically."),
+    policy: str = typer.Option(DEFAULT_POLICIES, help=f"Comma-separated policy stacks to compare; names {', '.join(POLICIES)}; combine layers with + "
+                                                      "(castor+srtf, castor+gimbal), NAME@SECONDS runs it periodically, "
+                                                      "NAME:KEY=VALUE sets a parameter (castor:depth=32)."),
     nodes: int = typer.Option(64, help="Simulated servers."),
     gpus_per_node: int = typer.Option(8, help="GPUs per server."),
     gpu_type: str = typer.Option(DEFAULT_GPU_TYPE, help="GPU type of the simulated cluster (k80, p100, v100, t4)."),
