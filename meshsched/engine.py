@@ -75,7 +75,8 @@ class Engine:
     def handle(self, event: ev.Event, now: float) -> list[Action]:
         actions: list[Action] = []
         if type(event) is not ev.JobSubmitted:
-            self.state.version += 1  # a job may have moved or reported progress: caches keyed on it go stale
+            # the event's job may have moved or reported progress (None: anything may have changed)
+            self.state.touch(getattr(event, "job_id", None))
         trigger = self._handlers[type(event)](event, now, actions)
         if trigger is not None:
             job_id = event.spec.job_id if type(event) is ev.JobSubmitted else None
@@ -301,6 +302,7 @@ class Engine:
                 job.done_iterations = job.iterations_at(now)
                 job.progress_time = now
                 job.transition(JobState.PAUSING, now)
+                self.state.touch(job.job_id)
                 job.acct.preemptions += 1
                 actions.append(Preempt(job.job_id))
                 self._log(now, stimulus, job, d.reason)

@@ -63,7 +63,7 @@ class ShareRecord:
 class _Pass:
     """One scheduling pass's scratch (kept in `Cycle.scratch`): what the sharing search computes once per pass."""
 
-    __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size")
+    __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size", "shapes")
 
     def __init__(self, state: ClusterState, cycle: Cycle) -> None:
         self.state = state
@@ -75,6 +75,7 @@ class _Pass:
         self.table: _HostTable | None = None
         self.forecast: _Forecast | None = None
         self.by_size: dict | None = None  # Lucid: hosts by GPU count
+        self.shapes: dict[tuple, _Shape | None] = {}  # Castor: per (model, GPUs, per-GPU batch), what i_b leaves alone
 
 
 @dataclass
@@ -88,6 +89,8 @@ class SharingScheduler:
     share_log: dict[str, ShareRecord] = field(default_factory=dict, repr=False)
     _prefilled: set = field(default_factory=set, repr=False)
     _occ: Occupancy | None = field(default=None, repr=False)
+    _shapes: dict = field(default_factory=dict, repr=False)  # Castor: `_Shape`s for the current hosts
+    _shapes_at: tuple | None = field(default=None, repr=False)
     periodic = False
     monotone = False  # a job that cannot start on free GPUs may still share
 
@@ -177,16 +180,19 @@ class SharingScheduler:
         return ps.hosts
 
     def _occupancy(self, view: ClusterView, state) -> Occupancy:
-        """Jobs holding GPUs as arrays, rebuilt only when the state's version moved (see `occupancy`)."""
-        if self._occ is None or not self._occ.current(state):
+        """Jobs holding GPUs as arrays, brought up to date with the state's change log (see `occupancy`)."""
+        occ = self._occ
+        if occ is None or occ.state is not state:
             gpus = state.gpus
 
             def group(j: Job) -> tuple:
                 g = gpus[j.gpus[0]]
                 return (j.spec.model, self.micro_batch(j), g.gpu_type, g.memory_mb)
 
-            self._occ = Occupancy(state, view.holding(), self._solo_step, group)
-        return self._occ
+            self._occ = occ = Occupancy(state, view.holding(), self._solo_step, group)
+        else:
+            occ.refresh(view.holding())
+        return occ
 
     @staticmethod
     def micro_batch(job: Job) -> int:
@@ -239,6 +245,50 @@ def _spot(pool: dict[str, int], need: int, node_size: int) -> list[str] | None:
     return ranked if sum(pool[n] for n in ranked) >= need else None
 
 
+class _Spot:
+    """`_spot` kept up to date as GPUs are added to a pool one node at a time: the same answer, without
+    rescanning every node after each addition."""
+
+    def __init__(self, pool: dict[str, int], need: int, node_size: int) -> None:
+        self.pool, self.need, self.node_size = pool, need, node_size
+        self.rank = {n: r for r, n in enumerate(pool)}  # the pool's iteration order (first fit wins ties)
+        if need <= node_size:
+            fits = [n for n, c in pool.items() if c >= need]
+            self.first = fits[0] if fits else None
+        else:
+            self.want = -(-need // node_size)
+            self.hist: dict[int, int] = {}
+            for c in pool.values():
+                self.hist[c] = self.hist.get(c, 0) + 1
+
+    def add(self, node: str, count: int) -> None:
+        pool = self.pool
+        old = pool.get(node)
+        new = pool[node] = (old or 0) + count
+        if old is None:
+            self.rank[node] = len(self.rank)
+        if self.need <= self.node_size:
+            if new >= self.need and (self.first is None or self.rank[node] < self.rank[self.first]):
+                self.first = node
+        else:
+            hist = self.hist
+            if old is not None:
+                hist[old] -= 1
+            hist[new] = hist.get(new, 0) + 1
+
+    def nodes(self) -> list[str] | None:
+        if self.need <= self.node_size:
+            return None if self.first is None else [self.first]
+        left, total = self.want, 0
+        for c in sorted(self.hist, reverse=True):
+            n = min(left, self.hist[c])
+            total += n * c
+            left -= n
+            if not left:
+                break
+        return _spot(self.pool, self.need, self.node_size) if total >= self.need else None
+
+
 class _HostTable:
     """The pass's view of the single-job hosts (`occ.hosts`, one column each for the vectorised Algorithm 2):
     their solo step time and remaining iterations now, and which are still free to take a sharer."""
@@ -246,15 +296,65 @@ class _HostTable:
     def __init__(self, occ: Occupancy, now: float) -> None:
         self.occ = occ
         rows = occ.host_rows
+        self.code = occ.host_code
+        self.types = [occ.type_names[c] for c in np.unique(self.code).tolist()]
         self.ta = occ.solo[rows]
         self.ia = occ.remaining_iters(now)[rows]
+        self.end_a = self.ta * self.ia  # A's end if B waits
         self.alive = self.ia > 0
         self.free_single = int(occ.host_gpus[self.alive].sum())
+
+    def host_type(self, i: int) -> str:
+        return self.occ.type_names[self.code[i]]
 
     def claim(self, i: int) -> None:
         if self.alive[i]:
             self.alive[i] = False
             self.free_single -= int(self.occ.host_gpus[i])
+
+
+class _Shape:
+    """Algorithm 2's arrays for one kind of new job B (model, GPUs, per-GPU batch) against the hosts, kept
+    while the hosts stay the same: rows are B's feasible sub-batches, columns the hosts where some sub-batch
+    is feasible (`cols`, indices into the host arrays)."""
+
+    __slots__ = ("t_alone", "subs", "cols", "xa", "xb", "t_b", "t_b_alone", "ta", "ha", "hb", "nan")
+
+    def __init__(self, t_alone, subs, xa, xb, t_b, t_b_alone, ta) -> None:
+        self.t_alone, self.subs = t_alone, subs
+        nan = np.isnan(xa)
+        cols = self.cols = np.flatnonzero(~nan.all(axis=0))
+        self.xa, self.xb, self.nan, self.ta = xa[:, cols], xb[:, cols], nan[:, cols], ta[cols]
+        self.t_b = t_b if t_b.shape[1] == 1 else t_b[:, cols]
+        self.t_b_alone = t_b_alone if np.ndim(t_b_alone) == 0 else t_b_alone[cols]
+        self.ha, self.hb = self.ta * self.xa, self.t_b * self.xb
+
+
+class _ShapeNow:
+    """A `_Shape` at the pass's `now`: the hosts' remaining iterations and what depends on them."""
+
+    __slots__ = ("shape", "ia", "end_a", "ta2", "q")
+
+    def __init__(self, shape: _Shape, tab: _HostTable) -> None:
+        self.shape = shape
+        cols = shape.cols
+        self.ia, self.end_a = tab.ia[cols], tab.end_a[cols]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            self.ta2 = shape.ha * self.ia  # case 2: A finishes first (eq. 20-21)
+            self.q = self.ta2 / shape.hb
+
+    def mean(self, tab: _HostTable, i_b: float) -> np.ndarray:
+        """The pair's mean JCT per (sub-batch, column) when B starts now (Theorem 1's kappa = 0), +inf where
+        the pair cannot share or the host is taken."""
+        sh = self.shape
+        ta2 = self.ta2
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            tb1 = sh.hb * i_b
+            first_b = ta2 >= tb1  # case 1: B finishes first (eq. 16-17)
+            ta1 = tb1 + sh.ta * (self.ia - tb1 / sh.ha)
+            tb2 = ta2 + sh.t_b * (i_b - self.q)
+            mean = np.where(first_b, ta1 + tb1, ta2 + tb2) / 2
+        return np.where(sh.nan | ~tab.alive[sh.cols], np.inf, mean)
 
 
 class _Forecast:
@@ -301,6 +401,82 @@ class Castor(SharingScheduler):
 
     name: str = "castor"
 
+    def _xi_groups(self, occ: Occupancy, model_b: str, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """(xi_A, xi_B) of B at micro-batch `b` next to each host group (`occ.groups`), NaN where the pair does
+        not fit in memory or is infeasible; kept with the occupancy and extended as groups appear."""
+        groups = occ.groups
+        hit = occ.xi_cache.get((model_b, b))
+        have = 0 if hit is None else len(hit[0])
+        if have == len(groups):
+            return hit
+        xa_g = np.full(len(groups), np.nan)
+        xb_g = np.full(len(groups), np.nan)
+        if have:
+            xa_g[:have], xb_g[:have] = hit
+        inter = self.interference
+        for gi in range(have, len(groups)):
+            ma, mia, gt, gmem = groups[gi]
+            if pair_fits(ma, mia, model_b, b, gmem):
+                x = inter.xi(ma, mia, model_b, b, gt)
+                if x is not None:
+                    xa_g[gi], xb_g[gi] = x
+        hit = occ.xi_cache[(model_b, b)] = (xa_g, xb_g)
+        return hit
+
+    def _shape(self, ps: _Pass, job: Job, per_gpu: int) -> _ShapeNow | Wait | None:
+        key = (job.spec.model, job.spec.gpus, per_gpu)
+        hit = ps.shapes.get(key, ps)
+        if hit is not ps:
+            return hit
+        tab = ps.table
+        occ = tab.occ
+        at = (occ, occ.host_version, ps.plan.node_size)
+        if self._shapes_at != at:
+            self._shapes_at, self._shapes = at, {}
+        shape = self._shapes.get(key, ps)
+        if shape is ps:
+            shape = self._shapes[key] = self._new_shape(tab, job, per_gpu, ps.plan.node_size)
+        ps.shapes[key] = hit = _ShapeNow(shape, tab) if isinstance(shape, _Shape) else shape
+        return hit
+
+    def _new_shape(self, tab: _HostTable, job: Job, per_gpu: int, node_size: int) -> _Shape | Wait | None:
+        t_alone: dict[str, float] = {}
+        for t in tab.types:
+            try:
+                t_alone[t] = self._step(job, t, node_size, per_gpu, 1)
+            except (UnknownProfile, ValueError):
+                pass
+        if not t_alone:
+            return Wait("", f"{self.name}: no profile to judge sharing; waiting for free GPUs")
+        occ = tab.occ
+        gidx = occ.host_group
+        names = occ.type_names
+        # hosts of a type B has no profile on cannot take it
+        off = None
+        if len(t_alone) < len(tab.types):
+            off = np.array([t not in t_alone for t in names], dtype=bool)[tab.code]
+        subs, xa_rows, xb_rows = [], [], []
+        for b in sub_batches(per_gpu):
+            xa_g, xb_g = self._xi_groups(occ, job.spec.model, b)
+            xa, xb = xa_g[gidx], xb_g[gidx]
+            if off is not None:
+                xa[off] = xb[off] = np.nan
+            if not np.isnan(xa).all():
+                subs.append(b)
+                xa_rows.append(xa)
+                xb_rows.append(xb)
+        if not subs:
+            return None
+        # Algorithm 2 for every host at once: rows are B's sub-batches, columns the hosts (each on its GPU type).
+        t_b_types = np.array([[self._step(job, t, node_size, b, per_gpu // b) for t in t_alone] for b in subs])
+        if len(t_alone) > 1:
+            tcol = {t: i for i, t in enumerate(t_alone)}
+            t_b = t_b_types[:, np.array([tcol.get(t, 0) for t in names], dtype=np.int64)[tab.code]]
+            t_b_alone = np.array([t_alone.get(t, np.nan) for t in names])[tab.code]
+        else:
+            t_b, t_b_alone = t_b_types[:, :1], next(iter(t_alone.values()))
+        return _Shape(t_alone, subs, np.array(xa_rows), np.array(xb_rows), t_b, t_b_alone, tab.ta)
+
     def _share(self, view, ps, job):
         if ps.table is None:
             ps.table = _HostTable(self._occupancy(view, ps.state), ps.now)
@@ -309,117 +485,79 @@ class Castor(SharingScheduler):
         need = job.spec.gpus
         if plan.free_total + tab.free_single < need:
             return None
-        now = ps.now
-        node_size = plan.node_size
         per_gpu = max(1, job.spec.batch_size // need)
-        occ = tab.occ
-        ta, ia, gidx = tab.ta, tab.ia, occ.host_group
-        groups = occ.groups
-        types = sorted({g[2] for g in groups})
-        t_alone: dict[str, float] = {}
-        for t in types:
-            try:
-                t_alone[t] = self._step(job, t, node_size, per_gpu, 1)
-            except (UnknownProfile, ValueError):
-                pass
-        if not t_alone:
-            return Wait(job.job_id, f"{self.name}: no profile to judge sharing; waiting for free GPUs")
-        i_b = self._remaining_iters(job, now)
-        model_b = job.spec.model
-        inter = self.interference
-        subs, xa_rows, xb_rows = [], [], []
-        for b in sub_batches(per_gpu):
-            hit = occ.xi_cache.get((model_b, b))
-            if hit is None:
-                xa_g = np.full(len(groups), np.nan)
-                xb_g = np.full(len(groups), np.nan)
-                for gi, (ma, mia, gt, gmem) in enumerate(groups):
-                    if gt in t_alone and pair_fits(ma, mia, model_b, b, gmem):
-                        x = inter.xi(ma, mia, model_b, b, gt)
-                        if x is not None:
-                            xa_g[gi], xb_g[gi] = x
-                hit = occ.xi_cache[(model_b, b)] = (xa_g, xb_g, bool(np.isnan(xa_g).all()))
-            if not hit[2]:
-                subs.append(b)
-                xa_rows.append(hit[0])
-                xb_rows.append(hit[1])
-        if not subs:
+        now_shape = self._shape(ps, job, per_gpu)
+        if now_shape is None:
             return None
-        # Algorithm 2 for every host at once: rows are B's sub-batches, columns the hosts (each on its GPU type).
-        host_type = [groups[g][2] for g in gidx]
-        tcol = {t: i for i, t in enumerate(t_alone)}
-        t_b_types = np.array([[self._step(job, t, node_size, b, per_gpu // b) for t in t_alone] for b in subs])
-        cols_t = np.array([tcol.get(t, 0) for t in host_type], dtype=np.int64)
-        t_b = t_b_types[:, cols_t] if len(t_alone) > 1 else t_b_types[:, :1]
-        t_b_alone = np.array([t_alone.get(t, np.nan) for t in host_type]) if len(t_alone) > 1 else next(iter(t_alone.values()))
-        xa, xb = np.array(xa_rows)[:, gidx], np.array(xb_rows)[:, gidx]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ha, hb = ta * xa, t_b * xb
-            first_b = ha * ia >= hb * i_b  # case 1: B finishes first (eq. 16-17)
-            tb1 = hb * i_b
-            ta1 = tb1 + ta * (ia - tb1 / ha)
-            ta2 = ha * ia  # case 2: A finishes first (eq. 20-21)
-            tb2 = ta2 + t_b * (i_b - ta2 / hb)
-            mean = np.where(first_b, ta1 + tb1, ta2 + tb2) / 2
-        mean = np.where(np.isnan(xa) | ~tab.alive, np.inf, mean)
-        k = np.argmin(mean, axis=0)  # the first (largest) sub-batch among equals, as Algorithm 2's strict "<"
-        cols = np.arange(len(ta))
-        best = mean[k, cols]
-        best_b = np.array(subs)[k]
-        best_xa, best_xb = xa[k, cols], xb[k, cols]
+        if isinstance(now_shape, Wait):
+            return Wait(job.job_id, now_shape.reason)
+        shape = now_shape.shape
+        now = ps.now
+        i_b = self._remaining_iters(job, now)
+        mean = now_shape.mean(tab, i_b)
+        subs = shape.subs
+        if len(subs) == 1:
+            k = None
+            best = mean[0]
+        else:
+            k = np.argmin(mean, axis=0)  # the first (largest) sub-batch among equals, as Algorithm 2's strict "<"
+            best = mean[k, np.arange(len(k))]
         feasible = np.isfinite(best)
         if not feasible.any():
             return None
         # Waiting: A runs alone; B starts when enough GPUs are forecast free for it (`_Forecast`; Theorem 1's
         # kappa = t_A i_A assumes that is when A ends), then runs alone at its full batch.
-        end_a = ta * ia
         start_b = self.wait_start(view, ps, job)
-        wait = (end_a + start_b + t_b_alone * i_b) / 2
+        wait = (now_shape.end_a + start_b + shape.t_b_alone * i_b) / 2
         pays = feasible & (best < wait)
         if not pays.any():
             i = int(np.argmin(np.where(feasible, best, np.inf)))
             return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[i]:.0f}s waiting "
                                     f"{start_b:.0f}s vs {best[i]:.0f}s shared, best of {int(feasible.sum())} partners)")
         idx = np.flatnonzero(pays)
-        order = idx[np.lexsort((idx, best[idx]))]
+        order = idx[np.lexsort((idx, best[idx]))]  # columns, best pair first (ties: lowest host first)
+        ta, ia, t_alone, node_size, cols = tab.ta, tab.ia, shape.t_alone, plan.node_size, shape.cols
 
-        def choice(i: int) -> BatchChoice:
-            b = int(best_b[i])
-            t = host_type[i]
+        def choice(c: int) -> BatchChoice:
+            r = 0 if k is None else int(k[c])
+            b = subs[r]
+            i = int(cols[c])
+            t = tab.host_type(i)
+            xa, xb = float(shape.xa[r, c]), float(shape.xb[r, c])
             t_b = self._step(job, t, node_size, b, per_gpu // b)
-            o = theorem1(float(ta[i]), float(ia[i]), float(best_xa[i]), t_b, i_b, float(best_xb[i]), t_alone[t])
-            return BatchChoice(True, b, per_gpu // b, float(best_xa[i]), float(best_xb[i]), o)
+            o = theorem1(float(ta[i]), float(ia[i]), xa, t_b, i_b, xb, t_alone[t])
+            return BatchChoice(True, b, per_gpu // b, xa, xb, o)
 
-        cands = ((host_type[i], occ.hosts[i], int(i), choice) for i in order)  # BatchChoice built when used
-        return self._place(view, ps, job, cands, per_gpu, t_alone)
+        return self._place(view, ps, job, cols[order].tolist(), order.tolist(), choice, per_gpu, t_alone)
 
-    def _place(self, view, ps, job, cands, per_gpu, t_alone):
+    def _place(self, view, ps, job, order, columns, choice, per_gpu, t_alone):
         # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds
-        # the job. All of a job's GPUs are of one type: the best candidate's.
+        # the job. All of a job's GPUs are of one type: the best candidate's. `order`: host indices,
+        # `columns`: the same candidates as `choice` numbers them.
         state, plan, need = ps.state, ps.plan, job.spec.gpus
-        node_size = plan.node_size
+        tab = ps.table
+        occ, code = tab.occ, tab.code
         nodes = state.nodes
-        pool = None
-        gpu_type = None
-        shared_by_node: dict[str, list[tuple[int, Host, int, BatchChoice]]] = {}
+        first_code = code[order[0]]
+        gpu_type = tab.host_type(order[0])
+        pool = plan.free_map()
+        if len(state.gpu_types) > 1:
+            pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == gpu_type}
+        spot = _Spot(pool, need, plan.node_size)
+        shared_by_node: dict[str, list[tuple[int, Host, int, int]]] = {}
         chosen_nodes = None
         tried = 0
-        for t, h, i, choice in cands:
-            if gpu_type is None:
-                gpu_type = t
-                pool = plan.free_map()
-                if len(state.gpu_types) > 1:
-                    pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == t}
-            elif t != gpu_type:
+        for i, c in zip(order, columns):
+            if code[i] != first_code:
                 continue
             tried += 1
-            c = choice(i)
+            h = occ.host(i)
             for node, gs in h.nodes.items():
                 lst = shared_by_node.setdefault(node, [])
                 for g in gs:
                     lst.append((g, h, i, c))
-                pool[node] = pool.get(node, 0) + len(gs)
-            chosen_nodes = _spot(pool, need, node_size)
+                spot.add(node, len(gs))
+            chosen_nodes = spot.nodes()
             if chosen_nodes is not None:
                 break
         if chosen_nodes is None:
@@ -434,7 +572,8 @@ class Castor(SharingScheduler):
             shared = shared_by_node.get(node, [])[:take]
             for g, h, i, c in shared:
                 gpus.append(g)
-                partners[h.job.job_id] = (h.job, i, c)
+                if h.job.job_id not in partners:
+                    partners[h.job.job_id] = (h.job, i, choice(c))
             if take > len(shared):
                 free_needed.append((node, take - len(shared)))
         if len(gpus) + sum(n for _, n in free_needed) != need or not partners:
@@ -456,7 +595,7 @@ class Castor(SharingScheduler):
             gpus += self._pick_free(state, plan, node, n)
         ps.claimed.update(gpus)
         for _, i, _ in partners.values():
-            ps.table.claim(i)
+            tab.claim(i)
         acc = per_gpu // micro
         worst = max(partners.values(), key=lambda p: p[2].outcome.t_b)[2]
         self._record(view, ps, job, [p for p, _, _ in partners.values()], t_alone[gpu_type], worst.outcome.t_b)
