@@ -30,6 +30,8 @@ the wait-instead alternative (the numerator of Castor's sharing benefit, eq. 24)
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -63,7 +65,8 @@ class ShareRecord:
 class _Pass:
     """One scheduling pass's scratch (kept in `Cycle.scratch`): what the sharing search computes once per pass."""
 
-    __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size", "shapes")
+    __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size", "shapes",
+                 "upcoming", "rest", "total", "lookahead", "judged")
 
     def __init__(self, state: ClusterState, cycle: Cycle) -> None:
         self.state = state
@@ -75,7 +78,37 @@ class _Pass:
         self.table: _HostTable | None = None
         self.forecast: _Forecast | None = None
         self.by_size: dict | None = None  # Lucid: hosts by GPU count
-        self.shapes: dict[tuple, _Shape | None] = {}  # Castor: per (model, GPUs, per-GPU batch), what i_b leaves alone
+        self.shapes: dict[tuple, _ShapeNow | Wait | None] = {}  # Castor: per (model, GPUs, per-GPU batch)
+        # The walk of the queue (`SharingScheduler.place`): jobs looked at ahead of the walk, the rest of it,
+        # how many of the next jobs a sharing search may be judged for at once (0: one at a time).
+        self.upcoming: deque[Job] = deque()
+        self.rest: Iterator[Job] = iter(())
+        self.total = 0
+        self.lookahead = 0
+        self.judged: dict[str, tuple] = {}  # Castor: job -> (claims when judged, outcome)
+
+    def walk(self, queue: Iterator[Job]) -> Iterator[Job]:
+        """The queue in order; `peek` may have pulled some of it ahead."""
+        self.rest = queue
+        upcoming = self.upcoming
+        while True:
+            if upcoming:
+                yield upcoming.popleft()
+            else:
+                job = next(queue, None)
+                if job is None:
+                    return
+                yield job
+
+    def peek(self, n: int) -> deque[Job]:
+        """The next (up to) `n` jobs of the walk after the current one, without consuming them."""
+        upcoming = self.upcoming
+        while len(upcoming) < n:
+            job = next(self.rest, None)
+            if job is None:
+                break
+            upcoming.append(job)
+        return upcoming
 
 
 @dataclass
@@ -91,6 +124,7 @@ class SharingScheduler:
     _occ: Occupancy | None = field(default=None, repr=False)
     _shapes: dict = field(default_factory=dict, repr=False)  # Castor: `_Shape`s for the current hosts
     _shapes_at: tuple | None = field(default=None, repr=False)
+    _kinds: dict = field(default_factory=dict, repr=False)  # Castor: per job kind and GPU type, step times
     periodic = False
     monotone = False  # a job that cannot start on free GPUs may still share
 
@@ -117,7 +151,8 @@ class SharingScheduler:
         newcomer_seen = not arrival
         searches = 0
         ahead = 0  # GPUs asked for by the queued jobs before `job` in this pass (started or not)
-        for job in view.queue():
+        ps.total = total
+        for job in ps.walk(view.queue()):
             need = job.spec.gpus
             if need > total:
                 continue
@@ -140,6 +175,7 @@ class SharingScheduler:
                         break  # nothing later can start on free GPUs or get a sharing search
                     continue
                 searches += 1
+                ps.lookahead = self.depth - searches  # the jobs after this one that may be searched too
             d = self._share(view, ps, job)
             if d is not None:
                 out.append(d)
@@ -303,6 +339,7 @@ class _HostTable:
         self.end_a = self.ta * self.ia  # A's end if B waits
         self.alive = self.ia > 0
         self.free_single = int(occ.host_gpus[self.alive].sum())
+        self.claims = 0  # hosts taken in this pass so far
 
     def host_type(self, i: int) -> str:
         return self.occ.type_names[self.code[i]]
@@ -311,6 +348,7 @@ class _HostTable:
         if self.alive[i]:
             self.alive[i] = False
             self.free_single -= int(self.occ.host_gpus[i])
+            self.claims += 1
 
 
 class _Shape:
@@ -343,9 +381,10 @@ class _ShapeNow:
             self.ta2 = shape.ha * self.ia  # case 2: A finishes first (eq. 20-21)
             self.q = self.ta2 / shape.hb
 
-    def mean(self, tab: _HostTable, i_b: float) -> np.ndarray:
+    def mean(self, tab: _HostTable, i_b) -> np.ndarray:
         """The pair's mean JCT per (sub-batch, column) when B starts now (Theorem 1's kappa = 0), +inf where
-        the pair cannot share or the host is taken."""
+        the pair cannot share or the host is taken; `i_b` (B's remaining iterations) a number, or an array of
+        shape (jobs, 1, 1) for several jobs of this kind at once."""
         sh = self.shape
         ta2 = self.ta2
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -401,26 +440,42 @@ class Castor(SharingScheduler):
 
     name: str = "castor"
 
-    def _xi_groups(self, occ: Occupancy, model_b: str, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """(xi_A, xi_B) of B at micro-batch `b` next to each host group (`occ.groups`), NaN where the pair does
-        not fit in memory or is infeasible; kept with the occupancy and extended as groups appear."""
+    def _xi_groups(self, occ: Occupancy, model_b: str, per_gpu: int) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """B's sub-batches (Algorithm 2's search space) and (xi_A, xi_B) of B at each of them next to each host
+        group (`occ.groups`), NaN where the pair does not fit in memory or is infeasible; kept with the
+        occupancy and extended as groups appear."""
         groups = occ.groups
-        hit = occ.xi_cache.get((model_b, b))
-        have = 0 if hit is None else len(hit[0])
+        hit = occ.xi_cache.get((model_b, per_gpu))
+        have = 0 if hit is None else hit[1].shape[1]
         if have == len(groups):
             return hit
-        xa_g = np.full(len(groups), np.nan)
-        xb_g = np.full(len(groups), np.nan)
+        subs = sub_batches(per_gpu)
+        xa_g = np.full((len(subs), len(groups)), np.nan)
+        xb_g = np.full((len(subs), len(groups)), np.nan)
         if have:
-            xa_g[:have], xb_g[:have] = hit
+            xa_g[:, :have], xb_g[:, :have] = hit[1], hit[2]
         inter = self.interference
-        for gi in range(have, len(groups)):
-            ma, mia, gt, gmem = groups[gi]
-            if pair_fits(ma, mia, model_b, b, gmem):
-                x = inter.xi(ma, mia, model_b, b, gt)
-                if x is not None:
-                    xa_g[gi], xb_g[gi] = x
-        hit = occ.xi_cache[(model_b, b)] = (xa_g, xb_g)
+        for r, b in enumerate(subs):
+            for gi in range(have, len(groups)):
+                ma, mia, gt, gmem = groups[gi]
+                if pair_fits(ma, mia, model_b, b, gmem):
+                    x = inter.xi(ma, mia, model_b, b, gt)
+                    if x is not None:
+                        xa_g[r, gi], xb_g[r, gi] = x
+        hit = occ.xi_cache[(model_b, per_gpu)] = (subs, xa_g, xb_g)
+        return hit
+
+    def _steps(self, job: Job, per_gpu: int, node_size: int, gpu_type: str) -> dict[int, float] | None:
+        """B's solo step time on `gpu_type` at each sub-batch b (with per_gpu / b accumulation steps), None
+        when B has no profile there; kept per job kind."""
+        key = (job.spec.model, job.spec.gpus, per_gpu, node_size, gpu_type)
+        hit = self._kinds.get(key, self._kinds)
+        if hit is self._kinds:
+            try:
+                hit = {b: self._step(job, gpu_type, node_size, b, per_gpu // b) for b in sub_batches(per_gpu)}
+            except (UnknownProfile, ValueError):
+                hit = None
+            self._kinds[key] = hit
         return hit
 
     def _shape(self, ps: _Pass, job: Job, per_gpu: int) -> _ShapeNow | Wait | None:
@@ -440,42 +495,37 @@ class Castor(SharingScheduler):
         return hit
 
     def _new_shape(self, tab: _HostTable, job: Job, per_gpu: int, node_size: int) -> _Shape | Wait | None:
-        t_alone: dict[str, float] = {}
+        steps = {}
         for t in tab.types:
-            try:
-                t_alone[t] = self._step(job, t, node_size, per_gpu, 1)
-            except (UnknownProfile, ValueError):
-                pass
-        if not t_alone:
+            st = self._steps(job, per_gpu, node_size, t)
+            if st is not None:
+                steps[t] = st
+        if not steps:
             return Wait("", f"{self.name}: no profile to judge sharing; waiting for free GPUs")
+        t_alone = {t: st[per_gpu] for t, st in steps.items()}
         occ = tab.occ
-        gidx = occ.host_group
         names = occ.type_names
-        # hosts of a type B has no profile on cannot take it
-        off = None
-        if len(t_alone) < len(tab.types):
+        all_subs, xa_g, xb_g = self._xi_groups(occ, job.spec.model, per_gpu)
+        gidx = occ.host_group
+        xa, xb = xa_g[:, gidx], xb_g[:, gidx]
+        if len(t_alone) < len(tab.types):  # hosts of a type B has no profile on cannot take it
             off = np.array([t not in t_alone for t in names], dtype=bool)[tab.code]
-        subs, xa_rows, xb_rows = [], [], []
-        for b in sub_batches(per_gpu):
-            xa_g, xb_g = self._xi_groups(occ, job.spec.model, b)
-            xa, xb = xa_g[gidx], xb_g[gidx]
-            if off is not None:
-                xa[off] = xb[off] = np.nan
-            if not np.isnan(xa).all():
-                subs.append(b)
-                xa_rows.append(xa)
-                xb_rows.append(xb)
-        if not subs:
+            xa[:, off] = xb[:, off] = np.nan
+        rows = ~np.isnan(xa).all(axis=1)
+        if not rows.any():
             return None
+        subs = [b for b, ok in zip(all_subs, rows.tolist()) if ok]
+        if len(subs) < len(all_subs):
+            xa, xb = xa[rows], xb[rows]
         # Algorithm 2 for every host at once: rows are B's sub-batches, columns the hosts (each on its GPU type).
-        t_b_types = np.array([[self._step(job, t, node_size, b, per_gpu // b) for t in t_alone] for b in subs])
+        t_b_types = np.array([[steps[t][b] for t in t_alone] for b in subs])
         if len(t_alone) > 1:
             tcol = {t: i for i, t in enumerate(t_alone)}
             t_b = t_b_types[:, np.array([tcol.get(t, 0) for t in names], dtype=np.int64)[tab.code]]
             t_b_alone = np.array([t_alone.get(t, np.nan) for t in names])[tab.code]
         else:
             t_b, t_b_alone = t_b_types[:, :1], next(iter(t_alone.values()))
-        return _Shape(t_alone, subs, np.array(xa_rows), np.array(xb_rows), t_b, t_b_alone, tab.ta)
+        return _Shape(t_alone, subs, xa, xb, t_b, t_b_alone, tab.ta)
 
     def _share(self, view, ps, job):
         if ps.table is None:
@@ -485,38 +535,19 @@ class Castor(SharingScheduler):
         need = job.spec.gpus
         if plan.free_total + tab.free_single < need:
             return None
-        per_gpu = max(1, job.spec.batch_size // need)
-        now_shape = self._shape(ps, job, per_gpu)
-        if now_shape is None:
-            return None
-        if isinstance(now_shape, Wait):
-            return Wait(job.job_id, now_shape.reason)
+        hit = ps.judged.get(job.job_id)
+        if hit is None or hit[0] != tab.claims:
+            self._judge(view, ps, job)
+            hit = ps.judged[job.job_id]
+        out = hit[1]
+        if out is None or isinstance(out, Wait):
+            return out
+        now_shape, i_b, k, best, pays = out
         shape = now_shape.shape
-        now = ps.now
-        i_b = self._remaining_iters(job, now)
-        mean = now_shape.mean(tab, i_b)
-        subs = shape.subs
-        if len(subs) == 1:
-            k = None
-            best = mean[0]
-        else:
-            k = np.argmin(mean, axis=0)  # the first (largest) sub-batch among equals, as Algorithm 2's strict "<"
-            best = mean[k, np.arange(len(k))]
-        feasible = np.isfinite(best)
-        if not feasible.any():
-            return None
-        # Waiting: A runs alone; B starts when enough GPUs are forecast free for it (`_Forecast`; Theorem 1's
-        # kappa = t_A i_A assumes that is when A ends), then runs alone at its full batch.
-        start_b = self.wait_start(view, ps, job)
-        wait = (now_shape.end_a + start_b + shape.t_b_alone * i_b) / 2
-        pays = feasible & (best < wait)
-        if not pays.any():
-            i = int(np.argmin(np.where(feasible, best, np.inf)))
-            return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[i]:.0f}s waiting "
-                                    f"{start_b:.0f}s vs {best[i]:.0f}s shared, best of {int(feasible.sum())} partners)")
+        per_gpu = max(1, job.spec.batch_size // need)
         idx = np.flatnonzero(pays)
         order = idx[np.lexsort((idx, best[idx]))]  # columns, best pair first (ties: lowest host first)
-        ta, ia, t_alone, node_size, cols = tab.ta, tab.ia, shape.t_alone, plan.node_size, shape.cols
+        ta, ia, t_alone, node_size, cols, subs = tab.ta, tab.ia, shape.t_alone, plan.node_size, shape.cols, shape.subs
 
         def choice(c: int) -> BatchChoice:
             r = 0 if k is None else int(k[c])
@@ -529,6 +560,64 @@ class Castor(SharingScheduler):
             return BatchChoice(True, b, per_gpu // b, xa, xb, o)
 
         return self._place(view, ps, job, cols[order].tolist(), order.tolist(), choice, per_gpu, t_alone)
+
+    def _judge(self, view, ps: _Pass, job: Job) -> None:
+        """Algorithm 1's test for `job` and, on a release pass, for the queued jobs the walk may search next
+        (`_Pass.lookahead`), at once per job kind: the same arithmetic element by element, so the same
+        answers, until a sharing start takes hosts (`_HostTable.claims`). Each outcome: None (no host can
+        take it), a Wait (waiting beats sharing, or no profile), or what `_share` needs to place it."""
+        tab = ps.table
+        jobs, aheads = [job], [ps.ahead]
+        if ps.lookahead:
+            a = ps.ahead + job.spec.gpus
+            room = ps.plan.free_total + tab.free_single  # only shrinks in a pass: a job needing more gets no search
+            for j in ps.peek(ps.lookahead):
+                need = j.spec.gpus
+                if need <= ps.total:
+                    if need <= room:
+                        jobs.append(j)
+                        aheads.append(a)
+                    a += need
+        kinds: dict[tuple, list[int]] = {}
+        for n, j in enumerate(jobs):
+            kinds.setdefault((j.spec.model, j.spec.gpus, max(1, j.spec.batch_size // j.spec.gpus)), []).append(n)
+        now, claims, judged = ps.now, tab.claims, ps.judged
+        if ps.forecast is None:
+            ps.forecast = _Forecast(self._occupancy(view, ps.state), now)
+        forecast = ps.forecast
+        for (_, need, per_gpu), members in kinds.items():
+            now_shape = self._shape(ps, jobs[members[0]], per_gpu)
+            if now_shape is None or isinstance(now_shape, Wait):
+                for n in members:
+                    judged[jobs[n].job_id] = (claims, None if now_shape is None else Wait(jobs[n].job_id, now_shape.reason))
+                continue
+            shape = now_shape.shape
+            i_bs = [self._remaining_iters(jobs[n], now) for n in members]
+            mean = now_shape.mean(tab, np.array(i_bs)[:, None, None])  # (jobs, sub-batches, columns)
+            if len(shape.subs) == 1:
+                k = None
+                best = mean[:, 0, :]
+            else:
+                k = np.argmin(mean, axis=1)  # the first (largest) sub-batch among equals, as Algorithm 2's strict "<"
+                best = np.take_along_axis(mean, k[:, None, :], axis=1)[:, 0, :]
+            feasible = np.isfinite(best)
+            # Waiting: A runs alone; B starts when enough GPUs are forecast free for it (`_Forecast`; Theorem 1's
+            # kappa = t_A i_A assumes that is when A ends), then runs alone at its full batch.
+            start_b = [forecast.wait(need, aheads[n]) for n in members]
+            wait = (now_shape.end_a + np.array(start_b)[:, None] + shape.t_b_alone * np.array(i_bs)[:, None]) / 2
+            pays = feasible & (best < wait)
+            any_feasible, any_pays = feasible.any(axis=1), pays.any(axis=1)
+            for m, n in enumerate(members):
+                jid = jobs[n].job_id
+                if not any_feasible[m]:
+                    judged[jid] = (claims, None)
+                elif not any_pays[m]:
+                    i = int(np.argmin(np.where(feasible[m], best[m], np.inf)))
+                    judged[jid] = (claims, Wait(jid, f"{self.name}: waiting beats sharing (pair mean JCT "
+                                                     f"{wait[m, i]:.0f}s waiting {start_b[m]:.0f}s vs {best[m, i]:.0f}s "
+                                                     f"shared, best of {int(feasible[m].sum())} partners)"))
+                else:
+                    judged[jid] = (claims, (now_shape, i_bs[m], None if k is None else k[m], best[m], pays[m]))
 
     def _place(self, view, ps, job, order, columns, choice, per_gpu, t_alone):
         # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds
