@@ -85,7 +85,7 @@ class _Pass:
         self.rest: Iterator[Job] = iter(())
         self.total = 0
         self.lookahead = 0
-        self.judged: dict[str, tuple] = {}  # Castor: job -> (claims when judged, outcome)
+        self.judged: dict[str, object] = {}  # Castor: job -> its sharing arithmetic (`Castor._judge`)
 
     def walk(self, queue: Iterator[Job]) -> Iterator[Job]:
         """The queue in order; `peek` may have pulled some of it ahead."""
@@ -339,7 +339,6 @@ class _HostTable:
         self.end_a = self.ta * self.ia  # A's end if B waits
         self.alive = self.ia > 0
         self.free_single = int(occ.host_gpus[self.alive].sum())
-        self.claims = 0  # hosts taken in this pass so far
 
     def host_type(self, i: int) -> str:
         return self.occ.type_names[self.code[i]]
@@ -348,24 +347,33 @@ class _HostTable:
         if self.alive[i]:
             self.alive[i] = False
             self.free_single -= int(self.occ.host_gpus[i])
-            self.claims += 1
 
 
 class _Shape:
     """Algorithm 2's arrays for one kind of new job B (model, GPUs, per-GPU batch) against the hosts, kept
     while the hosts stay the same: rows are B's feasible sub-batches, columns the hosts where some sub-batch
-    is feasible (`cols`, indices into the host arrays)."""
+    is feasible (`cols`, indices into the host arrays; None: every host)."""
 
     __slots__ = ("t_alone", "subs", "cols", "xa", "xb", "t_b", "t_b_alone", "ta", "ha", "hb", "nan")
 
-    def __init__(self, t_alone, subs, xa, xb, t_b, t_b_alone, ta) -> None:
+    def __init__(self, t_alone, subs, xa, xb, nan, t_b, t_b_alone, ta) -> None:
         self.t_alone, self.subs = t_alone, subs
-        nan = np.isnan(xa)
-        cols = self.cols = np.flatnonzero(~nan.all(axis=0))
-        self.xa, self.xb, self.nan, self.ta = xa[:, cols], xb[:, cols], nan[:, cols], ta[cols]
-        self.t_b = t_b if t_b.shape[1] == 1 else t_b[:, cols]
-        self.t_b_alone = t_b_alone if np.ndim(t_b_alone) == 0 else t_b_alone[cols]
-        self.ha, self.hb = self.ta * self.xa, self.t_b * self.xb
+        some = ~nan.all(axis=0)
+        if some.all():
+            self.cols = None
+        else:
+            cols = self.cols = np.flatnonzero(some)
+            xa, xb, nan, ta = xa[:, cols], xb[:, cols], nan[:, cols], ta[cols]
+            if t_b.shape[1] > 1:
+                t_b = t_b[:, cols]
+            if np.ndim(t_b_alone):
+                t_b_alone = t_b_alone[cols]
+        self.xa, self.xb, self.nan, self.ta, self.t_b, self.t_b_alone = xa, xb, nan, ta, t_b, t_b_alone
+        self.ha, self.hb = ta * xa, t_b * xb
+
+    def host(self, c: int) -> int:
+        """The host index of column `c`."""
+        return c if self.cols is None else int(self.cols[c])
 
 
 class _ShapeNow:
@@ -376,7 +384,7 @@ class _ShapeNow:
     def __init__(self, shape: _Shape, tab: _HostTable) -> None:
         self.shape = shape
         cols = shape.cols
-        self.ia, self.end_a = tab.ia[cols], tab.end_a[cols]
+        self.ia, self.end_a = (tab.ia, tab.end_a) if cols is None else (tab.ia[cols], tab.end_a[cols])
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             self.ta2 = shape.ha * self.ia  # case 2: A finishes first (eq. 20-21)
             self.q = self.ta2 / shape.hb
@@ -393,7 +401,8 @@ class _ShapeNow:
             ta1 = tb1 + sh.ta * (self.ia - tb1 / sh.ha)
             tb2 = ta2 + sh.t_b * (i_b - self.q)
             mean = np.where(first_b, ta1 + tb1, ta2 + tb2) / 2
-        return np.where(sh.nan | ~tab.alive[sh.cols], np.inf, mean)
+        taken = ~tab.alive if sh.cols is None else ~tab.alive[sh.cols]
+        return np.where(sh.nan | taken, np.inf, mean)
 
 
 class _Forecast:
@@ -511,12 +520,13 @@ class Castor(SharingScheduler):
         if len(t_alone) < len(tab.types):  # hosts of a type B has no profile on cannot take it
             off = np.array([t not in t_alone for t in names], dtype=bool)[tab.code]
             xa[:, off] = xb[:, off] = np.nan
-        rows = ~np.isnan(xa).all(axis=1)
+        nan = np.isnan(xa)
+        rows = ~nan.all(axis=1)
         if not rows.any():
             return None
         subs = [b for b, ok in zip(all_subs, rows.tolist()) if ok]
         if len(subs) < len(all_subs):
-            xa, xb = xa[rows], xb[rows]
+            xa, xb, nan = xa[rows], xb[rows], nan[rows]
         # Algorithm 2 for every host at once: rows are B's sub-batches, columns the hosts (each on its GPU type).
         t_b_types = np.array([[steps[t][b] for t in t_alone] for b in subs])
         if len(t_alone) > 1:
@@ -525,7 +535,7 @@ class Castor(SharingScheduler):
             t_b_alone = np.array([t_alone.get(t, np.nan) for t in names])[tab.code]
         else:
             t_b, t_b_alone = t_b_types[:, :1], next(iter(t_alone.values()))
-        return _Shape(t_alone, subs, xa, xb, t_b, t_b_alone, tab.ta)
+        return _Shape(t_alone, subs, xa, xb, nan, t_b, t_b_alone, tab.ta)
 
     def _share(self, view, ps, job):
         if ps.table is None:
@@ -535,37 +545,50 @@ class Castor(SharingScheduler):
         need = job.spec.gpus
         if plan.free_total + tab.free_single < need:
             return None
-        hit = ps.judged.get(job.job_id)
-        if hit is None or hit[0] != tab.claims:
+        out = ps.judged.get(job.job_id, ps)
+        if out is ps:
             self._judge(view, ps, job)
-            hit = ps.judged[job.job_id]
-        out = hit[1]
+            out = ps.judged[job.job_id]
         if out is None or isinstance(out, Wait):
             return out
-        now_shape, i_b, k, best, pays = out
+        now_shape, i_b, mean, best, wait, start_b = out
         shape = now_shape.shape
+        # Hosts taken since the judgement are out; every other column's numbers stand (they are per column).
+        feasible = np.isfinite(best) & (tab.alive if shape.cols is None else tab.alive[shape.cols])
+        if not feasible.any():
+            return None
+        pays = feasible & (best < wait)
+        if not pays.any():
+            i = int(np.argmin(np.where(feasible, best, np.inf)))
+            return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[i]:.0f}s waiting "
+                                    f"{start_b:.0f}s vs {best[i]:.0f}s shared, best of {int(feasible.sum())} partners)")
+        # the first (largest) sub-batch among equals, as Algorithm 2's strict "<"
+        k = None if mean is None else np.argmin(mean, axis=0)
         per_gpu = max(1, job.spec.batch_size // need)
         idx = np.flatnonzero(pays)
         order = idx[np.lexsort((idx, best[idx]))]  # columns, best pair first (ties: lowest host first)
-        ta, ia, t_alone, node_size, cols, subs = tab.ta, tab.ia, shape.t_alone, plan.node_size, shape.cols, shape.subs
+        ta, ia, t_alone, node_size, subs = tab.ta, tab.ia, shape.t_alone, plan.node_size, shape.subs
 
         def choice(c: int) -> BatchChoice:
             r = 0 if k is None else int(k[c])
             b = subs[r]
-            i = int(cols[c])
+            i = shape.host(c)
             t = tab.host_type(i)
             xa, xb = float(shape.xa[r, c]), float(shape.xb[r, c])
             t_b = self._step(job, t, node_size, b, per_gpu // b)
             o = theorem1(float(ta[i]), float(ia[i]), xa, t_b, i_b, xb, t_alone[t])
             return BatchChoice(True, b, per_gpu // b, xa, xb, o)
 
-        return self._place(view, ps, job, cols[order].tolist(), order.tolist(), choice, per_gpu, t_alone)
+        columns = order.tolist()
+        hosts = columns if shape.cols is None else shape.cols[order].tolist()
+        return self._place(view, ps, job, hosts, columns, choice, per_gpu, t_alone)
 
     def _judge(self, view, ps: _Pass, job: Job) -> None:
-        """Algorithm 1's test for `job` and, on a release pass, for the queued jobs the walk may search next
-        (`_Pass.lookahead`), at once per job kind: the same arithmetic element by element, so the same
-        answers, until a sharing start takes hosts (`_HostTable.claims`). Each outcome: None (no host can
-        take it), a Wait (waiting beats sharing, or no profile), or what `_share` needs to place it."""
+        """Algorithm 1's arithmetic for `job` and, on a release pass, for the queued jobs the walk may search
+        next (`_Pass.lookahead`), at once per job kind: the same operations element by element, so the same
+        numbers. Each outcome: None (no host can take it), a Wait (no profile to judge), or the per-column
+        numbers `_share` decides on with the hosts still free when the job's turn comes (a host taken in
+        between only drops its own column)."""
         tab = ps.table
         jobs, aheads = [job], [ps.ahead]
         if ps.lookahead:
@@ -574,14 +597,14 @@ class Castor(SharingScheduler):
             for j in ps.peek(ps.lookahead):
                 need = j.spec.gpus
                 if need <= ps.total:
-                    if need <= room:
+                    if need <= room and j.job_id not in ps.judged:
                         jobs.append(j)
                         aheads.append(a)
                     a += need
         kinds: dict[tuple, list[int]] = {}
         for n, j in enumerate(jobs):
             kinds.setdefault((j.spec.model, j.spec.gpus, max(1, j.spec.batch_size // j.spec.gpus)), []).append(n)
-        now, claims, judged = ps.now, tab.claims, ps.judged
+        now, judged = ps.now, ps.judged
         if ps.forecast is None:
             ps.forecast = _Forecast(self._occupancy(view, ps.state), now)
         forecast = ps.forecast
@@ -589,35 +612,21 @@ class Castor(SharingScheduler):
             now_shape = self._shape(ps, jobs[members[0]], per_gpu)
             if now_shape is None or isinstance(now_shape, Wait):
                 for n in members:
-                    judged[jobs[n].job_id] = (claims, None if now_shape is None else Wait(jobs[n].job_id, now_shape.reason))
+                    judged[jobs[n].job_id] = None if now_shape is None else Wait(jobs[n].job_id, now_shape.reason)
                 continue
             shape = now_shape.shape
             i_bs = [self._remaining_iters(jobs[n], now) for n in members]
             mean = now_shape.mean(tab, np.array(i_bs)[:, None, None])  # (jobs, sub-batches, columns)
-            if len(shape.subs) == 1:
-                k = None
-                best = mean[:, 0, :]
-            else:
-                k = np.argmin(mean, axis=1)  # the first (largest) sub-batch among equals, as Algorithm 2's strict "<"
-                best = np.take_along_axis(mean, k[:, None, :], axis=1)[:, 0, :]
-            feasible = np.isfinite(best)
+            one = len(shape.subs) == 1
+            best = mean[:, 0, :] if one else mean.min(axis=1)  # (the value at argmin, NaN included)
+            any_feasible = np.isfinite(best).any(axis=1)
             # Waiting: A runs alone; B starts when enough GPUs are forecast free for it (`_Forecast`; Theorem 1's
             # kappa = t_A i_A assumes that is when A ends), then runs alone at its full batch.
             start_b = [forecast.wait(need, aheads[n]) for n in members]
             wait = (now_shape.end_a + np.array(start_b)[:, None] + shape.t_b_alone * np.array(i_bs)[:, None]) / 2
-            pays = feasible & (best < wait)
-            any_feasible, any_pays = feasible.any(axis=1), pays.any(axis=1)
             for m, n in enumerate(members):
-                jid = jobs[n].job_id
-                if not any_feasible[m]:
-                    judged[jid] = (claims, None)
-                elif not any_pays[m]:
-                    i = int(np.argmin(np.where(feasible[m], best[m], np.inf)))
-                    judged[jid] = (claims, Wait(jid, f"{self.name}: waiting beats sharing (pair mean JCT "
-                                                     f"{wait[m, i]:.0f}s waiting {start_b[m]:.0f}s vs {best[m, i]:.0f}s "
-                                                     f"shared, best of {int(feasible[m].sum())} partners)"))
-                else:
-                    judged[jid] = (claims, (now_shape, i_bs[m], None if k is None else k[m], best[m], pays[m]))
+                judged[jobs[n].job_id] = ((now_shape, i_bs[m], None if one else mean[m], best[m], wait[m], start_b[m])
+                                          if any_feasible[m] else None)
 
     def _place(self, view, ps, job, order, columns, choice, per_gpu, t_alone):
         # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds
