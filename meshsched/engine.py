@@ -44,6 +44,7 @@ class Engine:
         self.state = state or ClusterState()
         self.log: deque[LogEntry] = deque(maxlen=log_size)
         self._queue: list[tuple[tuple, int, str]] = []  # sorted by (policy key, arrival seq)
+        self._needs: list[int] = []  # GPUs asked for, in `_queue` order (a policy sums a prefix: ClusterView)
         self._qkey: dict[str, tuple[tuple, int]] = {}
         self._queued_gpus: Counter[int] = Counter()
         self._active: dict[str, Job] = {}  # jobs holding GPUs
@@ -87,7 +88,7 @@ class Engine:
     # ---------------------------------------------------------------- queries
 
     def view(self, arrived: str | None = None) -> ClusterView:
-        return ClusterView(self.state, self._queue, self._active, self._queued_gpus, arrived)
+        return ClusterView(self.state, self._queue, self._active, self._queued_gpus, arrived, self._needs, self._qkey)
 
     def queued(self) -> Iterator[Job]:
         return self.view().queue()
@@ -345,7 +346,10 @@ class Engine:
         self._seq += 1
         key = (self.policy.queue_key(job), self._seq)
         self._qkey[job.job_id] = key
-        bisect.insort(self._queue, (key[0], key[1], job.job_id))
+        entry = (key[0], key[1], job.job_id)
+        i = bisect.bisect_right(self._queue, entry)
+        self._queue.insert(i, entry)
+        self._needs.insert(i, job.spec.gpus)
         self._queued_gpus[job.spec.gpus] += 1
 
     def _dequeue(self, job: Job) -> None:
@@ -355,6 +359,7 @@ class Engine:
         key, seq = self._qkey.pop(job.job_id)
         i = bisect.bisect_left(self._queue, (key, seq))
         del self._queue[i]
+        del self._needs[i]
         n = self._queued_gpus[job.spec.gpus] - 1
         if n:
             self._queued_gpus[job.spec.gpus] = n

@@ -141,3 +141,31 @@ def test_change_log_names_the_jobs_or_says_it_cannot():
         st.touch(f"j{i}")
     assert st.changed_since(u) is None  # older than the log
     assert st.changed_since(st.version - 3) == {"j4999", "j4998", "j4997"}
+
+
+def test_demand_ahead_matches_a_walk_of_the_queue():
+    """ClusterView.demand_ahead (the engine keeps the queue's GPU demands) equals summing while walking, with jobs
+    larger than the cluster left out, as jobs are queued and dequeued."""
+    from meshsched.policies.base import ClusterView
+
+    eng = _engine(xi=None)
+    sizes = [1, 16, 2, 8, 4, 1, 64, 2, 8, 3]  # the cluster has 8 GPUs: 16 and 64 never fit
+    for i, g in enumerate(sizes):
+        eng.handle(ev.JobSubmitted(f"s{i}", JobSpec(f"q{i}", g, "resnet18", 64 * g, 500_000 - i, submit_time=float(i))),
+                   float(i))
+    eng.handle(ev.CancelRequested("c", "q3"), 20.0)
+
+    def walked(view, job_id):
+        n = 0
+        for j in view.queue():
+            if j.job_id == job_id:
+                return n
+            n += j.spec.gpus if j.spec.gpus <= view.total_gpus else 0
+        raise KeyError(job_id)
+
+    view = eng.view()
+    plain = ClusterView(eng.state, eng._queue, {}, eng._queued_gpus)  # noqa: SLF001 - no demands kept: walks
+    queued = [j.job_id for j in view.queue()]
+    assert len(queued) >= 5
+    for jid in queued:
+        assert view.demand_ahead(jid) == walked(view, jid) == plain.demand_ahead(jid)

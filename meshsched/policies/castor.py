@@ -153,6 +153,15 @@ class SharingScheduler:
         ahead = 0  # GPUs asked for by the queued jobs before `job` in this pass (started or not)
         ps.total = total
         for job in ps.walk(view.queue()):
+            if arrival and not newcomer_seen and no_start <= min_need:
+                # Nothing before the newcomer can start on free GPUs: skip to its sharing search.
+                newcomer = view.job(view.arrived)
+                if newcomer.spec.gpus <= total:
+                    ps.ahead = view.demand_ahead(view.arrived)
+                    d = self._share(view, ps, newcomer)
+                    if d is not None:
+                        out.append(d)
+                break
             need = job.spec.gpus
             if need > total:
                 continue
