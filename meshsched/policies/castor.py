@@ -24,8 +24,13 @@ release, the first SHARE_SEARCH_DEPTH queued jobs that do not fit on free GPUs d
 Estimates a policy can make: a running job's remaining iterations are extrapolated from the engine's
 estimate of its solo step time (the simulator sends no progress reports), so a job slowed by its partner is
 thought further along than it is. Every sharing start is recorded in `share_log` with the predicted JCT of
-the wait-instead alternative (the numerator of Castor's sharing benefit, eq. 24). The holders' arrays
-(`occupancy.Occupancy`) are reused across passes while the cluster state's version is unchanged.
+the wait-instead alternative (the numerator of Castor's sharing benefit, eq. 24).
+
+Speed: the holders' arrays (`occupancy.Occupancy`) follow the state's change log instead of being rebuilt;
+Algorithm 2's per-host arrays are kept per kind of new job (model, GPUs, per-GPU batch) while the hosts are
+unchanged (`_Shape`); a release pass judges the queued jobs it may search next at once per kind (the same
+element-wise arithmetic, so the same numbers; a host taken in between only drops its column); an arrival pass
+skips to the newcomer once nothing before it can start. Decisions are those of the one-job-at-a-time search.
 """
 
 from __future__ import annotations
@@ -360,29 +365,15 @@ class _HostTable:
 
 class _Shape:
     """Algorithm 2's arrays for one kind of new job B (model, GPUs, per-GPU batch) against the hosts, kept
-    while the hosts stay the same: rows are B's feasible sub-batches, columns the hosts where some sub-batch
-    is feasible (`cols`, indices into the host arrays; None: every host)."""
+    while the hosts stay the same: rows are B's sub-batches, columns the hosts. A sub-batch or host where no
+    pair fits only ever yields +inf, so none is filtered out (the answers are those of the filtered search)."""
 
-    __slots__ = ("t_alone", "subs", "cols", "xa", "xb", "t_b", "t_b_alone", "ta", "ha", "hb", "nan")
+    __slots__ = ("t_alone", "subs", "xa", "xb", "t_b", "t_b_alone", "ta", "ha", "hb", "nan")
 
     def __init__(self, t_alone, subs, xa, xb, nan, t_b, t_b_alone, ta) -> None:
         self.t_alone, self.subs = t_alone, subs
-        some = ~nan.all(axis=0)
-        if some.all():
-            self.cols = None
-        else:
-            cols = self.cols = np.flatnonzero(some)
-            xa, xb, nan, ta = xa[:, cols], xb[:, cols], nan[:, cols], ta[cols]
-            if t_b.shape[1] > 1:
-                t_b = t_b[:, cols]
-            if np.ndim(t_b_alone):
-                t_b_alone = t_b_alone[cols]
         self.xa, self.xb, self.nan, self.ta, self.t_b, self.t_b_alone = xa, xb, nan, ta, t_b, t_b_alone
         self.ha, self.hb = ta * xa, t_b * xb
-
-    def host(self, c: int) -> int:
-        """The host index of column `c`."""
-        return c if self.cols is None else int(self.cols[c])
 
 
 class _ShapeNow:
@@ -392,8 +383,7 @@ class _ShapeNow:
 
     def __init__(self, shape: _Shape, tab: _HostTable) -> None:
         self.shape = shape
-        cols = shape.cols
-        self.ia, self.end_a = (tab.ia, tab.end_a) if cols is None else (tab.ia[cols], tab.end_a[cols])
+        self.ia, self.end_a = tab.ia, tab.end_a
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             self.ta2 = shape.ha * self.ia  # case 2: A finishes first (eq. 20-21)
             self.q = self.ta2 / shape.hb
@@ -410,8 +400,7 @@ class _ShapeNow:
             ta1 = tb1 + sh.ta * (self.ia - tb1 / sh.ha)
             tb2 = ta2 + sh.t_b * (i_b - self.q)
             mean = np.where(first_b, ta1 + tb1, ta2 + tb2) / 2
-        taken = ~tab.alive if sh.cols is None else ~tab.alive[sh.cols]
-        return np.where(sh.nan | taken, np.inf, mean)
+        return np.where(sh.nan | ~tab.alive, np.inf, mean)
 
 
 class _Forecast:
@@ -458,10 +447,11 @@ class Castor(SharingScheduler):
 
     name: str = "castor"
 
-    def _xi_groups(self, occ: Occupancy, model_b: str, per_gpu: int) -> tuple[list[int], np.ndarray, np.ndarray]:
+    def _xi_groups(self, occ: Occupancy, model_b: str, per_gpu: int) -> tuple[list[int], np.ndarray, np.ndarray,
+                                                                                np.ndarray]:
         """B's sub-batches (Algorithm 2's search space) and (xi_A, xi_B) of B at each of them next to each host
         group (`occ.groups`), NaN where the pair does not fit in memory or is infeasible; kept with the
-        occupancy and extended as groups appear."""
+        occupancy and extended as groups appear; and where xi_A is NaN."""
         groups = occ.groups
         hit = occ.xi_cache.get((model_b, per_gpu))
         have = 0 if hit is None else hit[1].shape[1]
@@ -480,7 +470,7 @@ class Castor(SharingScheduler):
                     x = inter.xi(ma, mia, model_b, b, gt)
                     if x is not None:
                         xa_g[r, gi], xb_g[r, gi] = x
-        hit = occ.xi_cache[(model_b, per_gpu)] = (subs, xa_g, xb_g)
+        hit = occ.xi_cache[(model_b, per_gpu)] = (subs, xa_g, xb_g, np.isnan(xa_g))
         return hit
 
     def _steps(self, job: Job, per_gpu: int, node_size: int, gpu_type: str) -> dict[int, float] | None:
@@ -523,19 +513,13 @@ class Castor(SharingScheduler):
         t_alone = {t: st[per_gpu] for t, st in steps.items()}
         occ = tab.occ
         names = occ.type_names
-        all_subs, xa_g, xb_g = self._xi_groups(occ, job.spec.model, per_gpu)
+        subs, xa_g, xb_g, nan_g = self._xi_groups(occ, job.spec.model, per_gpu)
         gidx = occ.host_group
-        xa, xb = xa_g[:, gidx], xb_g[:, gidx]
+        xa, xb, nan = xa_g[:, gidx], xb_g[:, gidx], nan_g[:, gidx]
         if len(t_alone) < len(tab.types):  # hosts of a type B has no profile on cannot take it
             off = np.array([t not in t_alone for t in names], dtype=bool)[tab.code]
             xa[:, off] = xb[:, off] = np.nan
-        nan = np.isnan(xa)
-        rows = ~nan.all(axis=1)
-        if not rows.any():
-            return None
-        subs = [b for b, ok in zip(all_subs, rows.tolist()) if ok]
-        if len(subs) < len(all_subs):
-            xa, xb, nan = xa[rows], xb[rows], nan[rows]
+            nan[:, off] = True
         # Algorithm 2 for every host at once: rows are B's sub-batches, columns the hosts (each on its GPU type).
         t_b_types = np.array([[steps[t][b] for t in t_alone] for b in subs])
         if len(t_alone) > 1:
@@ -563,7 +547,7 @@ class Castor(SharingScheduler):
         now_shape, i_b, mean, best, wait, start_b = out
         shape = now_shape.shape
         # Hosts taken since the judgement are out; every other column's numbers stand (they are per column).
-        feasible = np.isfinite(best) & (tab.alive if shape.cols is None else tab.alive[shape.cols])
+        feasible = np.isfinite(best) & tab.alive
         if not feasible.any():
             return None
         pays = feasible & (best < wait)
@@ -581,7 +565,7 @@ class Castor(SharingScheduler):
         def choice(c: int) -> BatchChoice:
             r = 0 if k is None else int(k[c])
             b = subs[r]
-            i = shape.host(c)
+            i = c
             t = tab.host_type(i)
             xa, xb = float(shape.xa[r, c]), float(shape.xb[r, c])
             t_b = self._step(job, t, node_size, b, per_gpu // b)
@@ -589,8 +573,7 @@ class Castor(SharingScheduler):
             return BatchChoice(True, b, per_gpu // b, xa, xb, o)
 
         columns = order.tolist()
-        hosts = columns if shape.cols is None else shape.cols[order].tolist()
-        return self._place(view, ps, job, hosts, columns, choice, per_gpu, t_alone)
+        return self._place(view, ps, job, columns, columns, choice, per_gpu, t_alone)
 
     def _judge(self, view, ps: _Pass, job: Job) -> None:
         """Algorithm 1's arithmetic for `job` and, on a release pass, for the queued jobs the walk may search
