@@ -71,7 +71,7 @@ class _Pass:
     """One scheduling pass's scratch (kept in `Cycle.scratch`): what the sharing search computes once per pass."""
 
     __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size", "shapes",
-                 "upcoming", "rest", "total", "lookahead", "judged")
+                 "upcoming", "rest", "total", "lookahead", "judged", "usable")
 
     def __init__(self, state: ClusterState, cycle: Cycle) -> None:
         self.state = state
@@ -91,6 +91,7 @@ class _Pass:
         self.total = 0
         self.lookahead = 0
         self.judged: dict[str, object] = {}  # Castor: job -> its sharing arithmetic (`Castor._judge`)
+        self.usable: dict[tuple, object] = {}  # SJF-FFS: shareable GPUs per kind of job (`SjfFfs._usable`)
 
     def walk(self, queue: Iterator[Job]) -> Iterator[Job]:
         """The queue in order; `peek` may have pulled some of it ahead."""
@@ -704,32 +705,54 @@ class SjfFfs(SharingScheduler):
 
     name: str = "sjf-ffs"
 
+    def _usable(self, view, ps: _Pass, model_b: str, per_gpu: int, gpu_type: str) -> dict[str, list[tuple[int, Job]]]:
+        """Single-job GPUs of `gpu_type` not yet claimed in this pass whose job B could share (memory fits, the
+        pair is feasible), by node, in host order; kept per pass until a GPU is claimed."""
+        key = (model_b, per_gpu, gpu_type)
+        memo = ps.usable
+        hit = memo.get(key)
+        if hit is not None and hit[0] == len(ps.claimed):
+            return hit[1]
+        hosts = memo.get(("hosts", key))
+        if hosts is None:
+            gpus_of = ps.state.gpus
+            ok_of: dict[tuple, bool] = {}
+            hosts = []
+            for h in self._hosts(view, ps):
+                a = h.job
+                g0 = gpus_of[h.gpus[0]]
+                if g0.gpu_type != gpu_type:
+                    continue
+                micro = self.micro_batch(a)
+                pair = (a.spec.model, micro, g0.memory_mb)
+                ok = ok_of.get(pair)
+                if ok is None:
+                    ok = ok_of[pair] = pair_fits(a.spec.model, micro, model_b, per_gpu, g0.memory_mb) and (
+                        self.interference.xi(a.spec.model, micro, model_b, per_gpu, gpu_type) is not None
+                    )
+                if ok:
+                    hosts.append(h)
+            memo[("hosts", key)] = hosts
+        claimed = ps.claimed
+        usable: dict[str, list[tuple[int, Job]]] = {}
+        for h in hosts:
+            a = h.job
+            for node, gs in h.nodes.items():
+                usable.setdefault(node, []).extend((g, a) for g in gs if g not in claimed)
+        memo[key] = (len(claimed), usable)
+        return usable
+
     def _share(self, view, ps, job):
         state, plan = ps.state, ps.plan
         need = job.spec.gpus
         node_size = plan.node_size
         per_gpu = max(1, job.spec.batch_size // need)
         model_b = job.spec.model
-        inter = self.interference
-        gpus_of = state.gpus
         free_all = plan.free_map()
-        hosts = self._hosts(view, ps)
         mixed = len(state.gpu_types) > 1
         for gpu_type in state.gpu_types:  # one type per job; a single-type cluster has one round
             free = {n: c for n, c in free_all.items() if state.nodes[n].gpu_type == gpu_type} if mixed else free_all
-            usable: dict[str, list[tuple[int, Job | None]]] = {}
-            for h in hosts:
-                a = h.job
-                g0 = gpus_of[h.gpus[0]]
-                if g0.gpu_type != gpu_type:
-                    continue
-                ok = pair_fits(a.spec.model, self.micro_batch(a), model_b, per_gpu, g0.memory_mb) and (
-                    inter.xi(a.spec.model, self.micro_batch(a), model_b, per_gpu, gpu_type) is not None
-                )
-                if not ok:
-                    continue
-                for node, gs in h.nodes.items():
-                    usable.setdefault(node, []).extend((g, a) for g in gs if g not in ps.claimed)
+            usable = self._usable(view, ps, model_b, per_gpu, gpu_type)
             pool = {n: free.get(n, 0) + len(usable.get(n, [])) for n in sorted(set(free) | set(usable))}
             nodes = _spot(pool, need, node_size)
             if nodes is not None:
