@@ -128,7 +128,7 @@ class SharingScheduler:
     share_log: dict[str, ShareRecord] = field(default_factory=dict, repr=False)
     _prefilled: set = field(default_factory=set, repr=False)
     _occ: Occupancy | None = field(default=None, repr=False)
-    _shapes: dict = field(default_factory=dict, repr=False)  # Castor: `_Shape`s for the current hosts
+    _shapes: dict = field(default_factory=dict, repr=False)  # Castor: `_Shape`s for the current hosts (Lucid: by size)
     _shapes_at: tuple | None = field(default=None, repr=False)
     _kinds: dict = field(default_factory=dict, repr=False)  # Castor: per job kind and GPU type, step times
     periodic = False
@@ -807,12 +807,17 @@ class Lucid(SharingScheduler):
     threshold: float = LUCID_UTIL_THRESHOLD
 
     def _sized(self, view, ps) -> dict[int, list[tuple[float, int, Host]]]:
-        """Hosts whose every GPU holds only them, by GPU count, lowest utilisation first (built once per pass),
-        each judged on its own GPU type."""
+        """Hosts whose every GPU holds only them, by GPU count, lowest utilisation first (built when the hosts
+        changed), each judged on its own GPU type."""
         if ps.by_size is None:
+            hosts = self._hosts(view, ps)
+            at = (self._occ, self._occ.host_version)
+            if self._shapes_at == at:
+                ps.by_size = self._shapes
+                return ps.by_size
             gpus = ps.state.gpus
             by: dict[int, list[tuple[float, int, Host]]] = {}
-            for h in self._hosts(view, ps):
+            for h in hosts:
                 a = h.job
                 if len(h.gpus) != a.spec.gpus:
                     continue
@@ -823,7 +828,8 @@ class Lucid(SharingScheduler):
                 by.setdefault(a.spec.gpus, []).append((u, h.gpus[0], h))
             for lst in by.values():
                 lst.sort(key=lambda x: (x[0], x[1]))
-            ps.by_size = by
+            ps.by_size = self._shapes = by
+            self._shapes_at = at
         return ps.by_size
 
     def _share(self, view, ps, job):
