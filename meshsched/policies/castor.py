@@ -634,6 +634,17 @@ class Castor(SharingScheduler):
         pool = plan.free_map()
         if len(state.gpu_types) > 1:
             pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == gpu_type}
+        # Adding candidates only grows the pool: if all of them cannot hold the job, no prefix can (the usual
+        # outcome for a large job under a backlog), so say so without the one-by-one search.
+        full = dict(pool)
+        tried = 0
+        for i in order:
+            if code[i] == first_code:
+                tried += 1
+                for node, gs in occ.host(i).nodes.items():
+                    full[node] = full.get(node, 0) + len(gs)
+        if _spot(full, need, plan.node_size) is None:
+            return Wait(job.job_id, f"{self.name}: sharing pays with {tried} job(s) but their GPUs cannot hold it compactly")
         spot = _Spot(pool, need, plan.node_size)
         shared_by_node: dict[str, list[tuple[int, Host, int, int]]] = {}
         chosen_nodes = None
