@@ -169,3 +169,22 @@ def test_demand_ahead_matches_a_walk_of_the_queue():
     assert len(queued) >= 5
     for jid in queued:
         assert view.demand_ahead(jid) == walked(view, jid) == plain.demand_ahead(jid)
+
+
+def test_eviction_by_a_preemption_layer_reaches_the_snapshot():
+    """castor+srtf: SRTF evicts a running job in the pass in which Castor's snapshot was read. The eviction must be
+    in the state's change log, or the snapshot keeps the job (now saving a checkpoint) as a host a newcomer
+    could share until some later event (before the fix the engine did not bump the version for an eviction)."""
+    from meshsched.policies.registry import make_policy
+    from meshsched.policies.stack import PolicyHandle
+
+    stack = make_policy("castor+srtf", PolicyHandle(PERF, FixedXi(None)))
+    eng = Engine(stack, ProfileEstimator(PERF), ClusterState())
+    eng.handle(ev.NodeJoined("join", NodeSpec("n0", 2, "v100", 16384)), 0.0)
+    eng.handle(ev.JobSubmitted("s-long", JobSpec("long", 2, "resnet18", 128, 1_000_000, submit_time=0.0)), 0.0)
+    eng.handle(ev.JobStarted("st-long", "long"), 10.0)
+    eng.handle(ev.JobSubmitted("s-short", JobSpec("short", 2, "resnet18", 128, 100, submit_time=20.0)), 20.0)
+    assert eng.state.jobs["long"].state.value == "PAUSING"  # evicted for the short job
+    occ = stack.placement._occupancy(eng.view(), eng.state)  # noqa: SLF001 - the policy's own snapshot
+    assert occ.pausing[occ.row("long")]
+    assert "long" not in [h.job.job_id for h in occ.hosts]
