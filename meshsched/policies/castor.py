@@ -56,6 +56,7 @@ LUCID_UTIL_THRESHOLD = 1.0
 # sharing search; the rest had theirs when they arrived and get it again as they move up the queue.
 # A bound on the pass's cost under a backlog of thousands (castor.txt searches every pending job).
 SHARE_SEARCH_DEPTH = 64  # combined busy fraction of the pair; documented assumption (see `utilisation`)
+_FIRST_TRIES = 16  # partners added one by one before checking that all of them could hold the job at all
 
 
 @dataclass(frozen=True, slots=True)
@@ -621,6 +622,14 @@ class Castor(SharingScheduler):
                 judged[jobs[n].job_id] = ((now_shape, i_bs[m], None if one else mean[m], best[m], wait[m], start_b[m])
                                           if any_feasible[m] else None)
 
+    @staticmethod
+    def _could_hold(occ, pool, order, code, first_code, need, node_size) -> bool:
+        for i in order:
+            if code[i] == first_code:
+                for node, gs in occ.host(i).nodes.items():
+                    pool[node] = pool.get(node, 0) + len(gs)
+        return _spot(pool, need, node_size) is not None
+
     def _place(self, view, ps, job, order, columns, choice, per_gpu, t_alone):
         # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds
         # the job. All of a job's GPUs are of one type: the best candidate's. `order`: host indices,
@@ -634,24 +643,22 @@ class Castor(SharingScheduler):
         pool = plan.free_map()
         if len(state.gpu_types) > 1:
             pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == gpu_type}
-        # Adding candidates only grows the pool: if all of them cannot hold the job, no prefix can (the usual
-        # outcome for a large job under a backlog), so say so without the one-by-one search.
-        full = dict(pool)
-        tried = 0
-        for i in order:
-            if code[i] == first_code:
-                tried += 1
-                for node, gs in occ.host(i).nodes.items():
-                    full[node] = full.get(node, 0) + len(gs)
-        if _spot(full, need, plan.node_size) is None:
-            return Wait(job.job_id, f"{self.name}: sharing pays with {tried} job(s) but their GPUs cannot hold it compactly")
+        free = dict(pool)
         spot = _Spot(pool, need, plan.node_size)
         shared_by_node: dict[str, list[tuple[int, Host, int, int]]] = {}
         chosen_nodes = None
         tried = 0
+        checked = False
         for i, c in zip(order, columns):
             if code[i] != first_code:
                 continue
+            if tried == _FIRST_TRIES and not checked:
+                # Adding candidates only grows the pool: if all of them cannot hold the job, no prefix can (the
+                # usual outcome for a large job under a backlog), so say so without going on one by one.
+                checked = True
+                if not self._could_hold(occ, free, order, code, first_code, need, plan.node_size):
+                    tried = sum(1 for j in order if code[j] == first_code)
+                    break
             tried += 1
             h = occ.host(i)
             for node, gs in h.nodes.items():
