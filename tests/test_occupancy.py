@@ -188,3 +188,22 @@ def test_eviction_by_a_preemption_layer_reaches_the_snapshot():
     occ = stack.placement._occupancy(eng.view(), eng.state)  # noqa: SLF001 - the policy's own snapshot
     assert occ.pausing[occ.row("long")]
     assert "long" not in [h.job.job_id for h in occ.hosts]
+
+
+def test_sharing_policies_on_a_mixed_cluster_keep_each_job_on_one_gpu_type():
+    from meshsched.perf.loader import load_interference
+    from meshsched.policies.registry import make_policy
+    from meshsched.sim.loop import ClusterSpec, simulate
+    from meshsched.sim.traces import TraceOptions, load_trace
+
+    tr = load_trace("philly", PERF, TraceOptions(gpu_type="v100", gpus_per_node=4, seed=1, first_n=150, load=2.0))
+    cluster = ClusterSpec(2, 4, "v100", PERF.gpu_memory_mb("v100"), extra=(ClusterSpec(2, 4, "k80", PERF.gpu_memory_mb("k80")),))
+
+    def check(eng):
+        eng.state.validate()
+        for job in eng.view().holding():
+            assert len({eng.state.gpus[g].gpu_type for g in job.gpus}) == 1, job.job_id
+
+    for name in ("castor", "sjf-ffs", "lucid"):
+        r = simulate(tr.jobs, make_policy(name), PERF, cluster, interference=load_interference(), after_event=check)
+        assert r.engine.state.jobs
