@@ -84,7 +84,7 @@ def _snapshot(occ, now):
     hosts = [(h.job.job_id, h.gpus, h.nodes, occ.groups[gid], occ.type_names[c], n)
              for h, gid, c, n in zip(occ.hosts, occ.host_group, occ.host_code, occ.host_gpus)]
     assert [occ.jobs[r].job_id for r in occ.host_rows] == [h[0] for h in hosts]
-    return jobs, holders, hosts, occ.free_times(now).tolist()
+    return jobs, holders, hosts, occ.free_times(now).tolist(), occ.solo_of.tolist(), occ.gpu_node.tolist()
 
 
 def test_refreshed_snapshot_equals_a_fresh_build_after_every_event():

@@ -623,12 +623,17 @@ class Castor(SharingScheduler):
                                           if any_feasible[m] else None)
 
     @staticmethod
-    def _could_hold(occ, pool, order, code, first_code, need, node_size) -> bool:
-        for i in order:
-            if code[i] == first_code:
-                for node, gs in occ.host(i).nodes.items():
-                    pool[node] = pool.get(node, 0) + len(gs)
-        return _spot(pool, need, node_size) is not None
+    def _could_hold(occ: Occupancy, free: dict[str, int], hosts: list[int], need: int, node_size: int) -> bool:
+        """`_spot` over the free GPUs plus every GPU the hosts hold alone, counted per node with one bincount."""
+        mark = np.zeros(len(occ.solo_of) + 1, dtype=bool)  # the last slot answers solo_of == -1
+        mark[occ.first_gpu(hosts)] = True
+        counts = np.bincount(occ.gpu_node, weights=mark[occ.solo_of], minlength=len(occ.node_gpus) + 1)[:-1]
+        row = occ.node_row
+        for node, c in free.items():
+            counts[row[node]] += c
+        if need <= node_size:
+            return bool((counts >= need).any())
+        return float(np.sort(counts)[-(-need // node_size):].sum()) >= need
 
     def _place(self, view, ps, job, order, columns, choice, per_gpu, t_alone):
         # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds
@@ -656,8 +661,9 @@ class Castor(SharingScheduler):
                 # Adding candidates only grows the pool: if all of them cannot hold the job, no prefix can (the
                 # usual outcome for a large job under a backlog), so say so without going on one by one.
                 checked = True
-                if not self._could_hold(occ, free, order, code, first_code, need, plan.node_size):
-                    tried = sum(1 for j in order if code[j] == first_code)
+                same = [j for j in order if code[j] == first_code]
+                if not self._could_hold(occ, free, same, need, plan.node_size):
+                    tried = len(same)
                     break
             tried += 1
             h = occ.host(i)

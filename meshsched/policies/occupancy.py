@@ -89,6 +89,15 @@ class Occupancy:
             again.update(js)
         for jid in again:
             self._set_host(jid)
+        solo_of, hosts = self.solo_of, self._hosts
+        for jid in again:  # a host's first GPU may have moved: re-mark all GPUs of the jobs involved
+            job = jobs.get(jid)
+            if job is not None:
+                touched_gpus.update(job.gpus)
+        for g in touched_gpus:
+            js = gpus[g].jobs
+            h = hosts.get(js[0]) if len(js) == 1 else None
+            solo_of[g] = h.gpus[0] if h is not None else -1
         self.version = state.version
 
     def _build(self, holding: Iterable[Job]) -> None:
@@ -135,6 +144,13 @@ class Occupancy:
         for j in jobs:
             self._set_host(j.job_id)
         self._hosts_dirty = True
+        self.node_row = {node.name: r for r, node in enumerate(live)}
+        # per GPU: its live node's row in `node_gpus` (a lost node's: one past the last), and the first GPU of
+        # the host holding it alone (-1: none), so a policy can count hosts' GPUs per node with one bincount
+        self.gpu_node = np.array([self.node_row.get(g.node, len(live)) for g in gpus], dtype=np.int64)
+        self.solo_of = np.full(len(gpus), -1, dtype=np.int64)
+        for h in self._hosts.values():
+            self.solo_of[list(h.gpus)] = h.gpus[0]
 
     def _set_row(self, job: Job, row: int | None) -> None:
         if row is None:
@@ -237,6 +253,11 @@ class Occupancy:
             obj = self._host_obj
             self._host_list = [obj[g] for g in self._first.tolist()]
         return self._host_list
+
+    def first_gpu(self, hosts: list[int]) -> np.ndarray:
+        """The first GPU of each of these hosts (indices into `hosts`): their keys in `solo_of`."""
+        self._fresh()
+        return self._first[np.asarray(hosts, dtype=np.int64)]
 
     def host(self, i: int) -> Host:
         """`hosts[i]` without building the list."""
