@@ -44,6 +44,7 @@ class Engine:
         self.state = state or ClusterState()
         self.log: deque[LogEntry] = deque(maxlen=log_size)
         self._queue: list[tuple[tuple, int, str]] = []  # sorted by (policy key, arrival seq)
+        self._needs: list[int] = []  # GPUs asked for, in `_queue` order (a policy sums a prefix: ClusterView)
         self._qkey: dict[str, tuple[tuple, int]] = {}
         self._queued_gpus: Counter[int] = Counter()
         self._active: dict[str, Job] = {}  # jobs holding GPUs
@@ -80,7 +81,8 @@ class Engine:
     def handle(self, event: ev.Event, now: float) -> list[Action]:
         actions: list[Action] = []
         if type(event) is not ev.JobSubmitted:
-            self.state.version += 1  # a job may have moved or reported progress: caches keyed on it go stale
+            # the event's job may have moved or reported progress (None: anything may have changed)
+            self.state.touch(getattr(event, "job_id", None))
         trigger = self._handlers[type(event)](event, now, actions)
         if trigger is not None:
             job_id = event.spec.job_id if type(event) is ev.JobSubmitted else None
@@ -93,7 +95,8 @@ class Engine:
     # ---------------------------------------------------------------- queries
 
     def view(self, arrived: str | None = None) -> ClusterView:
-        return ClusterView(self.state, self._queue, self._active, self._queued_gpus, arrived, self.memory, self.model)
+        return ClusterView(self.state, self._queue, self._active, self._queued_gpus, arrived, self.memory, self.model,
+                           self._needs, self._qkey)
 
     def queued(self) -> Iterator[Job]:
         return self.view().queue()
@@ -328,6 +331,7 @@ class Engine:
                 job.done_iterations = job.iterations_at(now)
                 job.progress_time = now
                 job.transition(JobState.PAUSING, now)
+                self.state.touch(job.job_id)
                 job.acct.preemptions += 1
                 actions.append(Preempt(job.job_id))
                 self._log(now, stimulus, job, d.reason)
@@ -370,7 +374,10 @@ class Engine:
         self._seq += 1
         key = (self.policy.queue_key(job), self._seq)
         self._qkey[job.job_id] = key
-        bisect.insort(self._queue, (key[0], key[1], job.job_id))
+        entry = (key[0], key[1], job.job_id)
+        i = bisect.bisect_right(self._queue, entry)
+        self._queue.insert(i, entry)
+        self._needs.insert(i, job.spec.gpus)
         self._queued_gpus[job.spec.gpus] += 1
 
     def _dequeue(self, job: Job) -> None:
@@ -380,6 +387,7 @@ class Engine:
         key, seq = self._qkey.pop(job.job_id)
         i = bisect.bisect_left(self._queue, (key, seq))
         del self._queue[i]
+        del self._needs[i]
         n = self._queued_gpus[job.spec.gpus] - 1
         if n:
             self._queued_gpus[job.spec.gpus] = n

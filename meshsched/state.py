@@ -7,6 +7,7 @@ Only the engine mutates these objects; policies read them through `ClusterView`.
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -257,6 +258,7 @@ class Gpu:
 
 
 MAX_JOBS_PER_GPU = 2
+CHANGE_LOG = 1024  # `ClusterState.changes` kept; a cache further behind rebuilds from scratch
 
 
 @dataclass(slots=True)
@@ -299,8 +301,28 @@ class ClusterState:
     free_by_node: dict[str, int] = field(default_factory=dict)
     total_gpus: int = 0  # GPUs on live nodes (kept by add_node / mark_lost)
     largest_node: int = 0  # GPUs of the biggest live node
-    version: int = 0  # bumped on every change of who holds which GPU, and by the engine on every event but a submit
+    version: int = 0  # bumped (by `touch`) on every change of who holds which GPU and on every event but a submit
     gpu_types: tuple[str, ...] = ()  # GPU types of the live nodes (kept by add_node / mark_lost)
+    changes: deque = field(default_factory=lambda: deque(maxlen=CHANGE_LOG), repr=False, compare=False)
+
+    def touch(self, job_id: str | None = None) -> None:
+        """Bump `version`, noting the job whose GPUs or progress changed (None: anything may have changed)."""
+        self.version += 1
+        self.changes.append((self.version, job_id))
+
+    def changed_since(self, version: int) -> set[str] | None:
+        """Jobs touched after `version` (for caches that follow the state); None when the change log cannot
+        tell: a change not tied to one job, `version` bumped by hand, or older than the log."""
+        out: set[str] = set()
+        want = self.version
+        for v, job_id in reversed(self.changes):
+            if v <= version:
+                break
+            if v != want or job_id is None:
+                return None
+            out.add(job_id)
+            want -= 1
+        return out if want == version else None
 
     def add_node(self, spec: NodeSpec) -> Node:
         if spec.name in self.nodes:
@@ -310,6 +332,7 @@ class ClusterState:
             node.alive = True
             self.free_by_node[spec.name] = sum(1 for g in node.gpus if not self.gpus[g].jobs)
             self._resize()
+            self.touch()
             return node
         first = len(self.gpus)
         for i in range(spec.gpus):
@@ -318,6 +341,7 @@ class ClusterState:
         self.nodes[spec.name] = node
         self.free_by_node[spec.name] = spec.gpus
         self._resize()
+        self.touch()
         return node
 
     def mark_lost(self, name: str) -> None:
@@ -325,6 +349,7 @@ class ClusterState:
         self.nodes[name].alive = False
         self.free_by_node[name] = 0
         self._resize()
+        self.touch()
 
     def _resize(self) -> None:
         alive = [n.size for n in self.nodes.values() if n.alive]
@@ -337,7 +362,7 @@ class ClusterState:
         return sum(self.free_by_node.values())
 
     def assign(self, job_id: str, gpus: tuple[int, ...]) -> None:
-        self.version += 1
+        self.touch(job_id)
         for g in gpus:
             gpu = self.gpus[g]
             if len(gpu.jobs) >= MAX_JOBS_PER_GPU:
@@ -347,7 +372,7 @@ class ClusterState:
             gpu.jobs.append(job_id)
 
     def release(self, job_id: str, gpus: tuple[int, ...]) -> None:
-        self.version += 1
+        self.touch(job_id)
         for g in gpus:
             gpu = self.gpus[g]
             gpu.jobs.remove(job_id)

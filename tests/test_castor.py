@@ -5,6 +5,7 @@ sharing), the sharing baselines, and the simulator's rate changes when partners 
 from __future__ import annotations
 
 import random
+from collections import deque
 
 import pytest
 
@@ -363,3 +364,30 @@ def test_vectorised_castor_agrees_with_scalar_algorithm2():
         if launched:
             micro = launched[0].exec.micro_batch
             assert micro == ref.sub_batch
+
+
+@pytest.mark.slow
+def test_release_pass_judging_ahead_changes_no_decision(monkeypatch):
+    """A release pass judges the queued jobs it may search next all at once; judging one job at a time (no
+    look-ahead) gives the same starts, partners, micro-batches and pending reasons on a busy replay."""
+    from meshsched.policies import castor as castor_mod
+    from meshsched.sim.loop import ClusterSpec, simulate
+    from meshsched.sim.traces import TraceOptions, load_trace
+
+    tr = load_trace("philly", PERF, TraceOptions(gpu_type="v100", gpus_per_node=8, seed=1, first_n=300, load=2.0))
+
+    def run():
+        log = []
+
+        def record(eng):
+            log.append(tuple((j.job_id, j.state.value, j.gpus, j.exec, j.reason)
+                             for j in eng.state.jobs.values() if not j.state.is_terminal))
+
+        r = simulate(tr.jobs, make_policy("castor"), PERF, ClusterSpec(4, 8, "v100", 16384), after_event=record)
+        return log, r.engine.policy.placement.share_log
+
+    ahead, ahead_shares = run()
+    monkeypatch.setattr(castor_mod._Pass, "peek", lambda self, n: deque())
+    alone, alone_shares = run()
+    assert ahead_shares and ahead_shares == alone_shares
+    assert ahead == alone

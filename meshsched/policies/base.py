@@ -6,6 +6,7 @@ A `PolicyStack` (meshsched.policies.stack) composes one policy per layer; the en
 
 from __future__ import annotations
 
+import bisect
 import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -98,7 +99,7 @@ class ClusterView:
     (tests check that a scheduling pass leaves the state unchanged).
     """
 
-    __slots__ = ("_state", "_queue", "_active", "_queued_gpus", "arrived", "memory", "model")
+    __slots__ = ("_state", "_queue", "_active", "_queued_gpus", "arrived", "memory", "model", "_needs", "_qkey")
 
     def __init__(
         self,
@@ -109,6 +110,8 @@ class ClusterView:
         arrived: str | None = None,
         memory: object | None = None,
         model: object | None = None,
+        needs: list[int] | None = None,
+        qkey: Mapping[str, tuple] | None = None,
     ) -> None:
         self._state = state
         self._queue = queue
@@ -117,12 +120,31 @@ class ClusterView:
         self.arrived = arrived  # on Trigger.ARRIVAL: the job that just arrived
         self.memory = memory  # the preemption layer's memory in engine state (`Remember`), None at first
         self.model = model  # the latest model a `RequestFit` produced (ModelFitted), None before one
+        self._needs = needs  # GPUs asked for, in queue order (kept by the engine)
+        self._qkey = qkey  # job -> its (key, seq) in the queue
 
     def queue(self) -> Iterator[Job]:
         """Queued jobs (PENDING or PREEMPTED), best first by the policy's queue key."""
         jobs = self._state.jobs
         for _key, _seq, job_id in self._queue:
             yield jobs[job_id]
+
+    def demand_ahead(self, job_id: str) -> int:
+        """GPUs asked for by the queued jobs before `job_id` in queue order, counting only jobs that fit the
+        cluster (without walking the queue when the engine keeps its demands)."""
+        total = self._state.total_gpus
+        if self._needs is None or self._qkey is None:
+            jobs, n = self._state.jobs, 0
+            for _key, _seq, jid in self._queue:
+                if jid == job_id:
+                    return n
+                g = jobs[jid].spec.gpus
+                n += g if g <= total else 0
+            raise KeyError(job_id)
+        needs = self._needs[: bisect.bisect_left(self._queue, self._qkey[job_id])]
+        if max(self._queued_gpus) <= total:
+            return sum(needs)
+        return sum(n for n in needs if n <= total)
 
     @property
     def queue_length(self) -> int:

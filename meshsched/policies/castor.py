@@ -24,12 +24,19 @@ release, the first SHARE_SEARCH_DEPTH queued jobs that do not fit on free GPUs d
 Estimates a policy can make: a running job's remaining iterations are extrapolated from the engine's
 estimate of its solo step time (the simulator sends no progress reports), so a job slowed by its partner is
 thought further along than it is. Every sharing start is recorded in `share_log` with the predicted JCT of
-the wait-instead alternative (the numerator of Castor's sharing benefit, eq. 24). The holders' arrays
-(`occupancy.Occupancy`) are reused across passes while the cluster state's version is unchanged.
+the wait-instead alternative (the numerator of Castor's sharing benefit, eq. 24).
+
+Speed: the holders' arrays (`occupancy.Occupancy`) follow the state's change log instead of being rebuilt;
+Algorithm 2's per-host arrays are kept per kind of new job (model, GPUs, per-GPU batch) while the hosts are
+unchanged (`_Shape`); a release pass judges the queued jobs it may search next at once per kind (the same
+element-wise arithmetic, so the same numbers; a host taken in between only drops its column); an arrival pass
+skips to the newcomer once nothing before it can start. Decisions are those of the one-job-at-a-time search.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -49,6 +56,7 @@ LUCID_UTIL_THRESHOLD = 1.0
 # sharing search; the rest had theirs when they arrived and get it again as they move up the queue.
 # A bound on the pass's cost under a backlog of thousands (castor.txt searches every pending job).
 SHARE_SEARCH_DEPTH = 64  # combined busy fraction of the pair; documented assumption (see `utilisation`)
+_FIRST_TRIES = 16  # partners added one by one before checking that all of them could hold the job at all
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +71,8 @@ class ShareRecord:
 class _Pass:
     """One scheduling pass's scratch (kept in `Cycle.scratch`): what the sharing search computes once per pass."""
 
-    __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size")
+    __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size", "shapes",
+                 "upcoming", "rest", "total", "lookahead", "judged", "usable")
 
     def __init__(self, state: ClusterState, cycle: Cycle) -> None:
         self.state = state
@@ -75,6 +84,38 @@ class _Pass:
         self.table: _HostTable | None = None
         self.forecast: _Forecast | None = None
         self.by_size: dict | None = None  # Lucid: hosts by GPU count
+        self.shapes: dict[tuple, _ShapeNow | Wait | None] = {}  # Castor: per (model, GPUs, per-GPU batch)
+        # The walk of the queue (`SharingScheduler.place`): jobs looked at ahead of the walk, the rest of it,
+        # how many of the next jobs a sharing search may be judged for at once (0: one at a time).
+        self.upcoming: deque[Job] = deque()
+        self.rest: Iterator[Job] = iter(())
+        self.total = 0
+        self.lookahead = 0
+        self.judged: dict[str, object] = {}  # Castor: job -> its sharing arithmetic (`Castor._judge`)
+        self.usable: dict[tuple, object] = {}  # SJF-FFS: shareable GPUs per kind of job (`SjfFfs._usable`)
+
+    def walk(self, queue: Iterator[Job]) -> Iterator[Job]:
+        """The queue in order; `peek` may have pulled some of it ahead."""
+        self.rest = queue
+        upcoming = self.upcoming
+        while True:
+            if upcoming:
+                yield upcoming.popleft()
+            else:
+                job = next(queue, None)
+                if job is None:
+                    return
+                yield job
+
+    def peek(self, n: int) -> deque[Job]:
+        """The next (up to) `n` jobs of the walk after the current one, without consuming them."""
+        upcoming = self.upcoming
+        while len(upcoming) < n:
+            job = next(self.rest, None)
+            if job is None:
+                break
+            upcoming.append(job)
+        return upcoming
 
 
 @dataclass
@@ -88,6 +129,9 @@ class SharingScheduler:
     share_log: dict[str, ShareRecord] = field(default_factory=dict, repr=False)
     _prefilled: set = field(default_factory=set, repr=False)
     _occ: Occupancy | None = field(default=None, repr=False)
+    _shapes: dict = field(default_factory=dict, repr=False)  # Castor: `_Shape`s for the current hosts (Lucid: by size)
+    _shapes_at: tuple | None = field(default=None, repr=False)
+    _kinds: dict = field(default_factory=dict, repr=False)  # Castor: per job kind and GPU type, step times
     periodic = False
     monotone = False  # a job that cannot start on free GPUs may still share
 
@@ -114,7 +158,17 @@ class SharingScheduler:
         newcomer_seen = not arrival
         searches = 0
         ahead = 0  # GPUs asked for by the queued jobs before `job` in this pass (started or not)
-        for job in view.queue():
+        ps.total = total
+        for job in ps.walk(view.queue()):
+            if arrival and not newcomer_seen and no_start <= min_need:
+                # Nothing before the newcomer can start on free GPUs: skip to its sharing search.
+                newcomer = view.job(view.arrived)
+                if newcomer.spec.gpus <= total:
+                    ps.ahead = view.demand_ahead(view.arrived)
+                    d = self._share(view, ps, newcomer)
+                    if d is not None:
+                        out.append(d)
+                break
             need = job.spec.gpus
             if need > total:
                 continue
@@ -137,6 +191,7 @@ class SharingScheduler:
                         break  # nothing later can start on free GPUs or get a sharing search
                     continue
                 searches += 1
+                ps.lookahead = self.depth - searches  # the jobs after this one that may be searched too
             d = self._share(view, ps, job)
             if d is not None:
                 out.append(d)
@@ -177,16 +232,19 @@ class SharingScheduler:
         return ps.hosts
 
     def _occupancy(self, view: ClusterView, state) -> Occupancy:
-        """Jobs holding GPUs as arrays, rebuilt only when the state's version moved (see `occupancy`)."""
-        if self._occ is None or not self._occ.current(state):
+        """Jobs holding GPUs as arrays, brought up to date with the state's change log (see `occupancy`)."""
+        occ = self._occ
+        if occ is None or occ.state is not state:
             gpus = state.gpus
 
             def group(j: Job) -> tuple:
                 g = gpus[j.gpus[0]]
                 return (j.spec.model, self.micro_batch(j), g.gpu_type, g.memory_mb)
 
-            self._occ = Occupancy(state, view.holding(), self._solo_step, group)
-        return self._occ
+            self._occ = occ = Occupancy(state, view.holding(), self._solo_step, group)
+        else:
+            occ.refresh(view.holding())
+        return occ
 
     @staticmethod
     def micro_batch(job: Job) -> int:
@@ -239,6 +297,50 @@ def _spot(pool: dict[str, int], need: int, node_size: int) -> list[str] | None:
     return ranked if sum(pool[n] for n in ranked) >= need else None
 
 
+class _Spot:
+    """`_spot` kept up to date as GPUs are added to a pool one node at a time: the same answer, without
+    rescanning every node after each addition."""
+
+    def __init__(self, pool: dict[str, int], need: int, node_size: int) -> None:
+        self.pool, self.need, self.node_size = pool, need, node_size
+        self.rank = {n: r for r, n in enumerate(pool)}  # the pool's iteration order (first fit wins ties)
+        if need <= node_size:
+            fits = [n for n, c in pool.items() if c >= need]
+            self.first = fits[0] if fits else None
+        else:
+            self.want = -(-need // node_size)
+            self.hist: dict[int, int] = {}
+            for c in pool.values():
+                self.hist[c] = self.hist.get(c, 0) + 1
+
+    def add(self, node: str, count: int) -> None:
+        pool = self.pool
+        old = pool.get(node)
+        new = pool[node] = (old or 0) + count
+        if old is None:
+            self.rank[node] = len(self.rank)
+        if self.need <= self.node_size:
+            if new >= self.need and (self.first is None or self.rank[node] < self.rank[self.first]):
+                self.first = node
+        else:
+            hist = self.hist
+            if old is not None:
+                hist[old] -= 1
+            hist[new] = hist.get(new, 0) + 1
+
+    def nodes(self) -> list[str] | None:
+        if self.need <= self.node_size:
+            return None if self.first is None else [self.first]
+        left, total = self.want, 0
+        for c in sorted(self.hist, reverse=True):
+            n = min(left, self.hist[c])
+            total += n * c
+            left -= n
+            if not left:
+                break
+        return _spot(self.pool, self.need, self.node_size) if total >= self.need else None
+
+
 class _HostTable:
     """The pass's view of the single-job hosts (`occ.hosts`, one column each for the vectorised Algorithm 2):
     their solo step time and remaining iterations now, and which are still free to take a sharer."""
@@ -246,15 +348,61 @@ class _HostTable:
     def __init__(self, occ: Occupancy, now: float) -> None:
         self.occ = occ
         rows = occ.host_rows
+        self.code = occ.host_code
+        self.types = [occ.type_names[c] for c in np.unique(self.code).tolist()]
         self.ta = occ.solo[rows]
         self.ia = occ.remaining_iters(now)[rows]
+        self.end_a = self.ta * self.ia  # A's end if B waits
         self.alive = self.ia > 0
         self.free_single = int(occ.host_gpus[self.alive].sum())
+
+    def host_type(self, i: int) -> str:
+        return self.occ.type_names[self.code[i]]
 
     def claim(self, i: int) -> None:
         if self.alive[i]:
             self.alive[i] = False
             self.free_single -= int(self.occ.host_gpus[i])
+
+
+class _Shape:
+    """Algorithm 2's arrays for one kind of new job B (model, GPUs, per-GPU batch) against the hosts, kept
+    while the hosts stay the same: rows are B's sub-batches, columns the hosts. A sub-batch or host where no
+    pair fits only ever yields +inf, so none is filtered out (the answers are those of the filtered search)."""
+
+    __slots__ = ("t_alone", "subs", "xa", "xb", "t_b", "t_b_alone", "ta", "ha", "hb", "nan")
+
+    def __init__(self, t_alone, subs, xa, xb, nan, t_b, t_b_alone, ta) -> None:
+        self.t_alone, self.subs = t_alone, subs
+        self.xa, self.xb, self.nan, self.ta, self.t_b, self.t_b_alone = xa, xb, nan, ta, t_b, t_b_alone
+        self.ha, self.hb = ta * xa, t_b * xb
+
+
+class _ShapeNow:
+    """A `_Shape` at the pass's `now`: the hosts' remaining iterations and what depends on them."""
+
+    __slots__ = ("shape", "ia", "end_a", "ta2", "q")
+
+    def __init__(self, shape: _Shape, tab: _HostTable) -> None:
+        self.shape = shape
+        self.ia, self.end_a = tab.ia, tab.end_a
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            self.ta2 = shape.ha * self.ia  # case 2: A finishes first (eq. 20-21)
+            self.q = self.ta2 / shape.hb
+
+    def mean(self, tab: _HostTable, i_b) -> np.ndarray:
+        """The pair's mean JCT per (sub-batch, column) when B starts now (Theorem 1's kappa = 0), +inf where
+        the pair cannot share or the host is taken; `i_b` (B's remaining iterations) a number, or an array of
+        shape (jobs, 1, 1) for several jobs of this kind at once."""
+        sh = self.shape
+        ta2 = self.ta2
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            tb1 = sh.hb * i_b
+            first_b = ta2 >= tb1  # case 1: B finishes first (eq. 16-17)
+            ta1 = tb1 + sh.ta * (self.ia - tb1 / sh.ha)
+            tb2 = ta2 + sh.t_b * (i_b - self.q)
+            mean = np.where(first_b, ta1 + tb1, ta2 + tb2) / 2
+        return np.where(sh.nan | ~tab.alive, np.inf, mean)
 
 
 class _Forecast:
@@ -301,6 +449,89 @@ class Castor(SharingScheduler):
 
     name: str = "castor"
 
+    def _xi_groups(self, occ: Occupancy, model_b: str, per_gpu: int) -> tuple[list[int], np.ndarray, np.ndarray,
+                                                                                np.ndarray]:
+        """B's sub-batches (Algorithm 2's search space) and (xi_A, xi_B) of B at each of them next to each host
+        group (`occ.groups`), NaN where the pair does not fit in memory or is infeasible; kept with the
+        occupancy and extended as groups appear; and where xi_A is NaN."""
+        groups = occ.groups
+        hit = occ.xi_cache.get((model_b, per_gpu))
+        have = 0 if hit is None else hit[1].shape[1]
+        if have == len(groups):
+            return hit
+        subs = sub_batches(per_gpu)
+        xa_g = np.full((len(subs), len(groups)), np.nan)
+        xb_g = np.full((len(subs), len(groups)), np.nan)
+        if have:
+            xa_g[:, :have], xb_g[:, :have] = hit[1], hit[2]
+        inter = self.interference
+        for r, b in enumerate(subs):
+            for gi in range(have, len(groups)):
+                ma, mia, gt, gmem = groups[gi]
+                if pair_fits(ma, mia, model_b, b, gmem):
+                    x = inter.xi(ma, mia, model_b, b, gt)
+                    if x is not None:
+                        xa_g[r, gi], xb_g[r, gi] = x
+        hit = occ.xi_cache[(model_b, per_gpu)] = (subs, xa_g, xb_g, np.isnan(xa_g))
+        return hit
+
+    def _steps(self, job: Job, per_gpu: int, node_size: int, gpu_type: str) -> dict[int, float] | None:
+        """B's solo step time on `gpu_type` at each sub-batch b (with per_gpu / b accumulation steps), None
+        when B has no profile there; kept per job kind."""
+        key = (job.spec.model, job.spec.gpus, per_gpu, node_size, gpu_type)
+        hit = self._kinds.get(key, self._kinds)
+        if hit is self._kinds:
+            try:
+                hit = {b: self._step(job, gpu_type, node_size, b, per_gpu // b) for b in sub_batches(per_gpu)}
+            except (UnknownProfile, ValueError):
+                hit = None
+            self._kinds[key] = hit
+        return hit
+
+    def _shape(self, ps: _Pass, job: Job, per_gpu: int) -> _ShapeNow | Wait | None:
+        key = (job.spec.model, job.spec.gpus, per_gpu)
+        hit = ps.shapes.get(key, ps)
+        if hit is not ps:
+            return hit
+        tab = ps.table
+        occ = tab.occ
+        at = (occ, occ.host_version, ps.plan.node_size)
+        if self._shapes_at != at:
+            self._shapes_at, self._shapes = at, {}
+        shape = self._shapes.get(key, ps)
+        if shape is ps:
+            shape = self._shapes[key] = self._new_shape(tab, job, per_gpu, ps.plan.node_size)
+        ps.shapes[key] = hit = _ShapeNow(shape, tab) if isinstance(shape, _Shape) else shape
+        return hit
+
+    def _new_shape(self, tab: _HostTable, job: Job, per_gpu: int, node_size: int) -> _Shape | Wait | None:
+        steps = {}
+        for t in tab.types:
+            st = self._steps(job, per_gpu, node_size, t)
+            if st is not None:
+                steps[t] = st
+        if not steps:
+            return Wait("", f"{self.name}: no profile to judge sharing; waiting for free GPUs")
+        t_alone = {t: st[per_gpu] for t, st in steps.items()}
+        occ = tab.occ
+        names = occ.type_names
+        subs, xa_g, xb_g, nan_g = self._xi_groups(occ, job.spec.model, per_gpu)
+        gidx = occ.host_group
+        xa, xb, nan = xa_g[:, gidx], xb_g[:, gidx], nan_g[:, gidx]
+        if len(t_alone) < len(tab.types):  # hosts of a type B has no profile on cannot take it
+            off = np.array([t not in t_alone for t in names], dtype=bool)[tab.code]
+            xa[:, off] = xb[:, off] = np.nan
+            nan[:, off] = True
+        # Algorithm 2 for every host at once: rows are B's sub-batches, columns the hosts (each on its GPU type).
+        t_b_types = np.array([[steps[t][b] for t in t_alone] for b in subs])
+        if len(t_alone) > 1:
+            tcol = {t: i for i, t in enumerate(t_alone)}
+            t_b = t_b_types[:, np.array([tcol.get(t, 0) for t in names], dtype=np.int64)[tab.code]]
+            t_b_alone = np.array([t_alone.get(t, np.nan) for t in names])[tab.code]
+        else:
+            t_b, t_b_alone = t_b_types[:, :1], next(iter(t_alone.values()))
+        return _Shape(t_alone, subs, xa, xb, nan, t_b, t_b_alone, tab.ta)
+
     def _share(self, view, ps, job):
         if ps.table is None:
             ps.table = _HostTable(self._occupancy(view, ps.state), ps.now)
@@ -309,117 +540,139 @@ class Castor(SharingScheduler):
         need = job.spec.gpus
         if plan.free_total + tab.free_single < need:
             return None
-        now = ps.now
-        node_size = plan.node_size
-        per_gpu = max(1, job.spec.batch_size // need)
-        occ = tab.occ
-        ta, ia, gidx = tab.ta, tab.ia, occ.host_group
-        groups = occ.groups
-        types = sorted({g[2] for g in groups})
-        t_alone: dict[str, float] = {}
-        for t in types:
-            try:
-                t_alone[t] = self._step(job, t, node_size, per_gpu, 1)
-            except (UnknownProfile, ValueError):
-                pass
-        if not t_alone:
-            return Wait(job.job_id, f"{self.name}: no profile to judge sharing; waiting for free GPUs")
-        i_b = self._remaining_iters(job, now)
-        model_b = job.spec.model
-        inter = self.interference
-        subs, xa_rows, xb_rows = [], [], []
-        for b in sub_batches(per_gpu):
-            hit = occ.xi_cache.get((model_b, b))
-            if hit is None:
-                xa_g = np.full(len(groups), np.nan)
-                xb_g = np.full(len(groups), np.nan)
-                for gi, (ma, mia, gt, gmem) in enumerate(groups):
-                    if gt in t_alone and pair_fits(ma, mia, model_b, b, gmem):
-                        x = inter.xi(ma, mia, model_b, b, gt)
-                        if x is not None:
-                            xa_g[gi], xb_g[gi] = x
-                hit = occ.xi_cache[(model_b, b)] = (xa_g, xb_g, bool(np.isnan(xa_g).all()))
-            if not hit[2]:
-                subs.append(b)
-                xa_rows.append(hit[0])
-                xb_rows.append(hit[1])
-        if not subs:
-            return None
-        # Algorithm 2 for every host at once: rows are B's sub-batches, columns the hosts (each on its GPU type).
-        host_type = [groups[g][2] for g in gidx]
-        tcol = {t: i for i, t in enumerate(t_alone)}
-        t_b_types = np.array([[self._step(job, t, node_size, b, per_gpu // b) for t in t_alone] for b in subs])
-        cols_t = np.array([tcol.get(t, 0) for t in host_type], dtype=np.int64)
-        t_b = t_b_types[:, cols_t] if len(t_alone) > 1 else t_b_types[:, :1]
-        t_b_alone = np.array([t_alone.get(t, np.nan) for t in host_type]) if len(t_alone) > 1 else next(iter(t_alone.values()))
-        xa, xb = np.array(xa_rows)[:, gidx], np.array(xb_rows)[:, gidx]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ha, hb = ta * xa, t_b * xb
-            first_b = ha * ia >= hb * i_b  # case 1: B finishes first (eq. 16-17)
-            tb1 = hb * i_b
-            ta1 = tb1 + ta * (ia - tb1 / ha)
-            ta2 = ha * ia  # case 2: A finishes first (eq. 20-21)
-            tb2 = ta2 + t_b * (i_b - ta2 / hb)
-            mean = np.where(first_b, ta1 + tb1, ta2 + tb2) / 2
-        mean = np.where(np.isnan(xa) | ~tab.alive, np.inf, mean)
-        k = np.argmin(mean, axis=0)  # the first (largest) sub-batch among equals, as Algorithm 2's strict "<"
-        cols = np.arange(len(ta))
-        best = mean[k, cols]
-        best_b = np.array(subs)[k]
-        best_xa, best_xb = xa[k, cols], xb[k, cols]
-        feasible = np.isfinite(best)
+        out = ps.judged.get(job.job_id, ps)
+        if out is ps:
+            self._judge(view, ps, job)
+            out = ps.judged[job.job_id]
+        if out is None or isinstance(out, Wait):
+            return out
+        now_shape, i_b, mean, best, wait, start_b = out
+        shape = now_shape.shape
+        # Hosts taken since the judgement are out; every other column's numbers stand (they are per column).
+        feasible = np.isfinite(best) & tab.alive
         if not feasible.any():
             return None
-        # Waiting: A runs alone; B starts when enough GPUs are forecast free for it (`_Forecast`; Theorem 1's
-        # kappa = t_A i_A assumes that is when A ends), then runs alone at its full batch.
-        end_a = ta * ia
-        start_b = self.wait_start(view, ps, job)
-        wait = (end_a + start_b + t_b_alone * i_b) / 2
         pays = feasible & (best < wait)
         if not pays.any():
             i = int(np.argmin(np.where(feasible, best, np.inf)))
             return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[i]:.0f}s waiting "
                                     f"{start_b:.0f}s vs {best[i]:.0f}s shared, best of {int(feasible.sum())} partners)")
+        # the first (largest) sub-batch among equals, as Algorithm 2's strict "<"
+        k = None if mean is None else np.argmin(mean, axis=0)
+        per_gpu = max(1, job.spec.batch_size // need)
         idx = np.flatnonzero(pays)
-        order = idx[np.lexsort((idx, best[idx]))]
+        order = idx[np.lexsort((idx, best[idx]))]  # columns, best pair first (ties: lowest host first)
+        ta, ia, t_alone, node_size, subs = tab.ta, tab.ia, shape.t_alone, plan.node_size, shape.subs
 
-        def choice(i: int) -> BatchChoice:
-            b = int(best_b[i])
-            t = host_type[i]
+        def choice(c: int) -> BatchChoice:
+            r = 0 if k is None else int(k[c])
+            b = subs[r]
+            i = c
+            t = tab.host_type(i)
+            xa, xb = float(shape.xa[r, c]), float(shape.xb[r, c])
             t_b = self._step(job, t, node_size, b, per_gpu // b)
-            o = theorem1(float(ta[i]), float(ia[i]), float(best_xa[i]), t_b, i_b, float(best_xb[i]), t_alone[t])
-            return BatchChoice(True, b, per_gpu // b, float(best_xa[i]), float(best_xb[i]), o)
+            o = theorem1(float(ta[i]), float(ia[i]), xa, t_b, i_b, xb, t_alone[t])
+            return BatchChoice(True, b, per_gpu // b, xa, xb, o)
 
-        cands = ((host_type[i], occ.hosts[i], int(i), choice) for i in order)  # BatchChoice built when used
-        return self._place(view, ps, job, cands, per_gpu, t_alone)
+        columns = order.tolist()
+        return self._place(view, ps, job, columns, columns, choice, per_gpu, t_alone)
 
-    def _place(self, view, ps, job, cands, per_gpu, t_alone):
+    def _judge(self, view, ps: _Pass, job: Job) -> None:
+        """Algorithm 1's arithmetic for `job` and, on a release pass, for the queued jobs the walk may search
+        next (`_Pass.lookahead`), at once per job kind: the same operations element by element, so the same
+        numbers. Each outcome: None (no host can take it), a Wait (no profile to judge), or the per-column
+        numbers `_share` decides on with the hosts still free when the job's turn comes (a host taken in
+        between only drops its own column)."""
+        tab = ps.table
+        jobs, aheads = [job], [ps.ahead]
+        if ps.lookahead:
+            a = ps.ahead + job.spec.gpus
+            room = ps.plan.free_total + tab.free_single  # only shrinks in a pass: a job needing more gets no search
+            for j in ps.peek(ps.lookahead):
+                need = j.spec.gpus
+                if need <= ps.total:
+                    if need <= room and j.job_id not in ps.judged:
+                        jobs.append(j)
+                        aheads.append(a)
+                    a += need
+        kinds: dict[tuple, list[int]] = {}
+        for n, j in enumerate(jobs):
+            kinds.setdefault((j.spec.model, j.spec.gpus, max(1, j.spec.batch_size // j.spec.gpus)), []).append(n)
+        now, judged = ps.now, ps.judged
+        if ps.forecast is None:
+            ps.forecast = _Forecast(self._occupancy(view, ps.state), now)
+        forecast = ps.forecast
+        for (_, need, per_gpu), members in kinds.items():
+            now_shape = self._shape(ps, jobs[members[0]], per_gpu)
+            if now_shape is None or isinstance(now_shape, Wait):
+                for n in members:
+                    judged[jobs[n].job_id] = None if now_shape is None else Wait(jobs[n].job_id, now_shape.reason)
+                continue
+            shape = now_shape.shape
+            i_bs = [self._remaining_iters(jobs[n], now) for n in members]
+            mean = now_shape.mean(tab, np.array(i_bs)[:, None, None])  # (jobs, sub-batches, columns)
+            one = len(shape.subs) == 1
+            best = mean[:, 0, :] if one else mean.min(axis=1)  # (the value at argmin, NaN included)
+            any_feasible = np.isfinite(best).any(axis=1)
+            # Waiting: A runs alone; B starts when enough GPUs are forecast free for it (`_Forecast`; Theorem 1's
+            # kappa = t_A i_A assumes that is when A ends), then runs alone at its full batch.
+            start_b = [forecast.wait(need, aheads[n]) for n in members]
+            wait = (now_shape.end_a + np.array(start_b)[:, None] + shape.t_b_alone * np.array(i_bs)[:, None]) / 2
+            for m, n in enumerate(members):
+                judged[jobs[n].job_id] = ((now_shape, i_bs[m], None if one else mean[m], best[m], wait[m], start_b[m])
+                                          if any_feasible[m] else None)
+
+    @staticmethod
+    def _could_hold(occ: Occupancy, free: dict[str, int], hosts: list[int], need: int, node_size: int) -> bool:
+        """`_spot` over the free GPUs plus every GPU the hosts hold alone, counted per node with one bincount."""
+        mark = np.zeros(len(occ.solo_of) + 1, dtype=bool)  # the last slot answers solo_of == -1
+        mark[occ.first_gpu(hosts)] = True
+        counts = np.bincount(occ.gpu_node, weights=mark[occ.solo_of], minlength=len(occ.node_gpus) + 1)[:-1]
+        row = occ.node_row
+        for node, c in free.items():
+            counts[row[node]] += c
+        if need <= node_size:
+            return bool((counts >= need).any())
+        return float(np.sort(counts)[-(-need // node_size):].sum()) >= need
+
+    def _place(self, view, ps, job, order, columns, choice, per_gpu, t_alone):
         # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds
-        # the job. All of a job's GPUs are of one type: the best candidate's.
+        # the job. All of a job's GPUs are of one type: the best candidate's. `order`: host indices,
+        # `columns`: the same candidates as `choice` numbers them.
         state, plan, need = ps.state, ps.plan, job.spec.gpus
-        node_size = plan.node_size
+        tab = ps.table
+        occ, code = tab.occ, tab.code
         nodes = state.nodes
-        pool = None
-        gpu_type = None
-        shared_by_node: dict[str, list[tuple[int, Host, int, BatchChoice]]] = {}
+        first_code = code[order[0]]
+        gpu_type = tab.host_type(order[0])
+        pool = plan.free_map()
+        if len(state.gpu_types) > 1:
+            pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == gpu_type}
+        free = dict(pool)
+        spot = _Spot(pool, need, plan.node_size)
+        shared_by_node: dict[str, list[tuple[int, Host, int, int]]] = {}
         chosen_nodes = None
         tried = 0
-        for t, h, i, choice in cands:
-            if gpu_type is None:
-                gpu_type = t
-                pool = plan.free_map()
-                if len(state.gpu_types) > 1:
-                    pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == t}
-            elif t != gpu_type:
+        checked = False
+        for i, c in zip(order, columns):
+            if code[i] != first_code:
                 continue
+            if tried == _FIRST_TRIES and not checked:
+                # Adding candidates only grows the pool: if all of them cannot hold the job, no prefix can (the
+                # usual outcome for a large job under a backlog), so say so without going on one by one.
+                checked = True
+                same = [j for j in order if code[j] == first_code]
+                if not self._could_hold(occ, free, same, need, plan.node_size):
+                    tried = len(same)
+                    break
             tried += 1
-            c = choice(i)
+            h = occ.host(i)
             for node, gs in h.nodes.items():
                 lst = shared_by_node.setdefault(node, [])
                 for g in gs:
                     lst.append((g, h, i, c))
-                pool[node] = pool.get(node, 0) + len(gs)
-            chosen_nodes = _spot(pool, need, node_size)
+                spot.add(node, len(gs))
+            chosen_nodes = spot.nodes()
             if chosen_nodes is not None:
                 break
         if chosen_nodes is None:
@@ -434,7 +687,8 @@ class Castor(SharingScheduler):
             shared = shared_by_node.get(node, [])[:take]
             for g, h, i, c in shared:
                 gpus.append(g)
-                partners[h.job.job_id] = (h.job, i, c)
+                if h.job.job_id not in partners:
+                    partners[h.job.job_id] = (h.job, i, choice(c))
             if take > len(shared):
                 free_needed.append((node, take - len(shared)))
         if len(gpus) + sum(n for _, n in free_needed) != need or not partners:
@@ -456,7 +710,7 @@ class Castor(SharingScheduler):
             gpus += self._pick_free(state, plan, node, n)
         ps.claimed.update(gpus)
         for _, i, _ in partners.values():
-            ps.table.claim(i)
+            tab.claim(i)
         acc = per_gpu // micro
         worst = max(partners.values(), key=lambda p: p[2].outcome.t_b)[2]
         self._record(view, ps, job, [p for p, _, _ in partners.values()], t_alone[gpu_type], worst.outcome.t_b)
@@ -475,32 +729,54 @@ class SjfFfs(SharingScheduler):
 
     name: str = "sjf-ffs"
 
+    def _usable(self, view, ps: _Pass, model_b: str, per_gpu: int, gpu_type: str) -> dict[str, list[tuple[int, Job]]]:
+        """Single-job GPUs of `gpu_type` not yet claimed in this pass whose job B could share (memory fits, the
+        pair is feasible), by node, in host order; kept per pass until a GPU is claimed."""
+        key = (model_b, per_gpu, gpu_type)
+        memo = ps.usable
+        hit = memo.get(key)
+        if hit is not None and hit[0] == len(ps.claimed):
+            return hit[1]
+        hosts = memo.get(("hosts", key))
+        if hosts is None:
+            gpus_of = ps.state.gpus
+            ok_of: dict[tuple, bool] = {}
+            hosts = []
+            for h in self._hosts(view, ps):
+                a = h.job
+                g0 = gpus_of[h.gpus[0]]
+                if g0.gpu_type != gpu_type:
+                    continue
+                micro = self.micro_batch(a)
+                pair = (a.spec.model, micro, g0.memory_mb)
+                ok = ok_of.get(pair)
+                if ok is None:
+                    ok = ok_of[pair] = pair_fits(a.spec.model, micro, model_b, per_gpu, g0.memory_mb) and (
+                        self.interference.xi(a.spec.model, micro, model_b, per_gpu, gpu_type) is not None
+                    )
+                if ok:
+                    hosts.append(h)
+            memo[("hosts", key)] = hosts
+        claimed = ps.claimed
+        usable: dict[str, list[tuple[int, Job]]] = {}
+        for h in hosts:
+            a = h.job
+            for node, gs in h.nodes.items():
+                usable.setdefault(node, []).extend((g, a) for g in gs if g not in claimed)
+        memo[key] = (len(claimed), usable)
+        return usable
+
     def _share(self, view, ps, job):
         state, plan = ps.state, ps.plan
         need = job.spec.gpus
         node_size = plan.node_size
         per_gpu = max(1, job.spec.batch_size // need)
         model_b = job.spec.model
-        inter = self.interference
-        gpus_of = state.gpus
         free_all = plan.free_map()
-        hosts = self._hosts(view, ps)
         mixed = len(state.gpu_types) > 1
         for gpu_type in state.gpu_types:  # one type per job; a single-type cluster has one round
             free = {n: c for n, c in free_all.items() if state.nodes[n].gpu_type == gpu_type} if mixed else free_all
-            usable: dict[str, list[tuple[int, Job | None]]] = {}
-            for h in hosts:
-                a = h.job
-                g0 = gpus_of[h.gpus[0]]
-                if g0.gpu_type != gpu_type:
-                    continue
-                ok = pair_fits(a.spec.model, self.micro_batch(a), model_b, per_gpu, g0.memory_mb) and (
-                    inter.xi(a.spec.model, self.micro_batch(a), model_b, per_gpu, gpu_type) is not None
-                )
-                if not ok:
-                    continue
-                for node, gs in h.nodes.items():
-                    usable.setdefault(node, []).extend((g, a) for g in gs if g not in ps.claimed)
+            usable = self._usable(view, ps, model_b, per_gpu, gpu_type)
             pool = {n: free.get(n, 0) + len(usable.get(n, [])) for n in sorted(set(free) | set(usable))}
             nodes = _spot(pool, need, node_size)
             if nodes is not None:
@@ -555,12 +831,17 @@ class Lucid(SharingScheduler):
     threshold: float = LUCID_UTIL_THRESHOLD
 
     def _sized(self, view, ps) -> dict[int, list[tuple[float, int, Host]]]:
-        """Hosts whose every GPU holds only them, by GPU count, lowest utilisation first (built once per pass),
-        each judged on its own GPU type."""
+        """Hosts whose every GPU holds only them, by GPU count, lowest utilisation first (built when the hosts
+        changed), each judged on its own GPU type."""
         if ps.by_size is None:
+            hosts = self._hosts(view, ps)
+            at = (self._occ, self._occ.host_version)
+            if self._shapes_at == at:
+                ps.by_size = self._shapes
+                return ps.by_size
             gpus = ps.state.gpus
             by: dict[int, list[tuple[float, int, Host]]] = {}
-            for h in self._hosts(view, ps):
+            for h in hosts:
                 a = h.job
                 if len(h.gpus) != a.spec.gpus:
                     continue
@@ -571,7 +852,8 @@ class Lucid(SharingScheduler):
                 by.setdefault(a.spec.gpus, []).append((u, h.gpus[0], h))
             for lst in by.values():
                 lst.sort(key=lambda x: (x[0], x[1]))
-            ps.by_size = by
+            ps.by_size = self._shapes = by
+            self._shapes_at = at
         return ps.by_size
 
     def _share(self, view, ps, job):
