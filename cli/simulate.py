@@ -75,11 +75,11 @@ def simulate_cmd(
     from meshsched.perf.loader import load_interference
     from meshsched.policies.stack import PolicyHandle
 
-    from meshsched.policies.registry import POLICIES, parse_policy
+    from meshsched.policies.registry import needs_models
 
     # The policies see the performance model (and overhead regime) the replay runs in; the interference
     # predictor (XGBoost, slow to import) only when a sharing policy is asked for.
-    sharing = any(POLICIES[n].needs_models for spec in names for n, _ in parse_policy(spec).values())
+    sharing = any(needs_models(spec) for spec in names)
     handle = PolicyHandle(perf, load_interference() if sharing else None, seed)
     cluster = None
     if cluster_text is not None:

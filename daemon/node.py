@@ -37,7 +37,7 @@ from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
 from meshsched.executor import check_handlers, dispatch
 from meshsched.perf.loader import installed_handle
-from meshsched.policies.registry import make_policy
+from meshsched.policies.registry import make_policy, needs_models
 from meshsched.protocol import DEFAULT_ITERATIONS, PREEMPTED_EXIT_CODE, SubmitRequest
 from meshsched.state import ExecConfig, JobSpec, JobState, NodeSpec
 
@@ -110,7 +110,8 @@ class NodeDaemon:
             self.mps = open_mps(cfg, self.gpus)
             await self.mps.start()
             self._stack.push_async_callback(self.mps.close)
-            handle = installed_handle()  # models are read here, once, never inside a scheduling pass
+            # models are read here, once, never inside a scheduling pass; XGBoost only for a sharing policy
+            handle = installed_handle(interference=needs_models(cfg.policy))
             self.engine = Engine(make_policy(cfg.policy, handle), ProfileEstimator(handle.perf))
             self.launcher = Launcher(loop, self._on_exit, _systemd_run(cfg.systemd_scope),
                                      log_max_bytes=int(cfg.log_max_mb * 2**20))

@@ -93,11 +93,12 @@ def load_interference():
     return Interference(load_perf_model(), ir_predictor_from(files("meshsched.profiles")))
 
 
-def installed_handle(seed: int = 1):
-    """A PolicyHandle over the installed profiles: the performance model and the interference predictor."""
+def installed_handle(seed: int = 1, interference: bool = True):
+    """A PolicyHandle over the installed profiles: the performance model and (unless `interference` is False:
+    XGBoost is slow to import, and only the sharing policies need it) the interference predictor."""
     from meshsched.policies.stack import PolicyHandle
 
-    return PolicyHandle(load_perf_model(), load_interference(), seed)
+    return PolicyHandle(load_perf_model(), load_interference() if interference else None, seed)
 
 
 MEASURED_H100_FILE = "measured_h100.json"

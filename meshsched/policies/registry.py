@@ -232,6 +232,11 @@ def parse_policy(spec: str) -> dict[str, tuple[str, dict]]:
     return layers
 
 
+def needs_models(spec: str) -> bool:
+    """Whether a stack needs the interference predictor and the other models (the sharing policies do)."""
+    return any(POLICIES[n].needs_models for n, _ in parse_policy(spec).values())
+
+
 def _installed_handle() -> PolicyHandle:
     from meshsched.perf.loader import installed_handle
 
