@@ -9,6 +9,7 @@ from meshsched import events as ev
 from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
 from meshsched.policies.stack import PolicyStack
+from meshsched.sim.rules import SimRules, SteppedStack, check_policy
 from meshsched.sim.world import SimWorld
 from meshsched.state import JobSpec, NodeSpec
 
@@ -96,6 +97,7 @@ def simulate(
     mps_share=None,
     after_event: Callable[[Engine], None] | None = None,
     progress: Callable[[int], None] | None = None,
+    rules: SimRules = SimRules(),
 ) -> SimResult:
     """Replay `jobs` (sorted by submit_time) under `policy` until nothing is left to happen.
 
@@ -103,14 +105,18 @@ def simulate(
     `progress(n_arrived)` is called every 1,000 arrivals. `interference` is the truth for jobs sharing a GPU
     (default: the predictor the policy stack was built with); `mps_share` is the truth for jobs under a
     calibration (default: the MPS-share model of the stack's calibration layer, if any).
+    `rules` (meshsched.sim.rules) selects a published simulator's conventions; under a time step the policy
+    gets one pass per step (ValueError for a periodic policy).
     """
     nodes = cluster.node_specs()
-    engine = Engine(policy, ProfileEstimator(perf))
+    check_policy(rules, policy)
+    gate = SteppedStack(policy) if rules.time_step_s is not None else None
+    engine = Engine(gate or policy, ProfileEstimator(perf))
     if interference is None:
         interference = getattr(policy.placement, "interference", None)
     if mps_share is None:
         mps_share = getattr(policy.calibration, "mps_share", None)
-    world = SimWorld(perf, nodes, interference, mps_share)
+    world = SimWorld(perf, nodes, interference, mps_share, rules)
     for n in nodes:
         world.execute(engine.handle(ev.NodeJoined(f"join-{n.name}", n), 0.0), 0.0)
     result = SimResult(engine, cluster, 0)
@@ -136,7 +142,11 @@ def simulate(
             world.started(event.job_id, now)
         elif kind is ev.JobFinished:
             world.finished(event.job_id)
+        if gate is not None:
+            gate.hold = world.next_time() == now  # more of this step follows: its pass comes with the last event
         world.execute(engine.handle(event, now), now)
+        if gate is not None and not gate.hold and gate.pending:
+            raise RuntimeError(f"time step at {now}: its last event ({type(event).__name__}) ran no scheduling pass")
         if after_event is not None:
             after_event(engine)
         n = engine.queue_length
