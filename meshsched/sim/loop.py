@@ -110,6 +110,8 @@ def simulate(
     """
     nodes = cluster.node_specs()
     check_policy(rules, policy)
+    if policy.preemption is None:
+        rules = replace(rules, preemptive_end_lag_s=0.0)
     gate = SteppedStack(policy) if rules.time_step_s is not None else None
     engine = Engine(gate or policy, ProfileEstimator(perf))
     if interference is None:

@@ -23,13 +23,16 @@ class SimRules:
     paid while the restarted job holds its GPUs; the preemption itself frees them at once); None: the model's
     pause time at the preemption plus its load time at the restart. restart_charge_large_s: the same for jobs
     of more than `large_job_gpus` GPUs (None: restart_charge_s). time_step_s: deliver events at the end of
-    their step (times rounded up to a multiple) and run one scheduling pass per step; None: a pass per event."""
+    their step (times rounded up to a multiple) and run one scheduling pass per step; None: a pass per event.
+    preemptive_end_lag_s: under a preemptive policy a job gives its GPUs back this long after its last
+    iteration (Lucid's srtf counts the remaining seconds down and notices zero one step later)."""
 
     load_time: bool = True
     restart_charge_s: float | None = None
     restart_charge_large_s: float | None = None
     large_job_gpus: int = 8
     time_step_s: float | None = None
+    preemptive_end_lag_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("restart_charge_s", "restart_charge_large_s"):
@@ -38,6 +41,8 @@ class SimRules:
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, got {v!r}")
         if self.time_step_s is not None and not (self.time_step_s > 0 and math.isfinite(self.time_step_s)):
             raise ValueError(f"time_step_s must be a positive number of seconds, got {self.time_step_s!r}")
+        if not (self.preemptive_end_lag_s >= 0 and math.isfinite(self.preemptive_end_lag_s)):
+            raise ValueError(f"preemptive_end_lag_s must be a finite number of seconds >= 0, got {self.preemptive_end_lag_s!r}")
 
     def restart_charge(self, gpus: int) -> float | None:
         """Seconds a restart of a job of `gpus` GPUs costs under a fixed charge; None: model-based."""
@@ -55,8 +60,9 @@ class SimRules:
 
 RULES: dict[str, SimRules] = {
     "meshsched": SimRules(),
-    # Lucid's simulation/: no load time, 40 s per restart (60 s over 8 GPUs), one pass per 1 s step
-    "lucid": SimRules(load_time=False, restart_charge_s=40.0, restart_charge_large_s=60.0, time_step_s=1.0),
+    # Lucid's simulation/: no load time, 40 s per restart (60 s over 8 GPUs), one pass per 1 s step, srtf's end lag
+    "lucid": SimRules(load_time=False, restart_charge_s=40.0, restart_charge_large_s=60.0, time_step_s=1.0,
+                      preemptive_end_lag_s=1.0),
 }
 
 

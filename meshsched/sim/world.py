@@ -219,7 +219,8 @@ class SimWorld:
             self._training.setdefault(g, []).append(job_id)
         if not partners:
             left = run.spec.iterations - run.resume_from
-            run.token = self.push(now + left * run.step_time, ev.JobFinished(f"finished-{job_id}", job_id))
+            run.token = self.push(now + left * run.step_time + self._rules.preemptive_end_lag_s,
+                                  ev.JobFinished(f"finished-{job_id}", job_id))
             return
         run.shared = True
         run.partners.update(partners)
@@ -290,7 +291,8 @@ class SimWorld:
         xi = self._xi(run)
         run.xi_max = max(run.xi_max, xi)
         run.step_time = self._calibrated_step(run) if self._calibration_applies(run) else run.solo_step * xi
-        run.token = self.push(at + (run.spec.iterations - done) * run.step_time, ev.JobFinished(f"finished-{job_id}", job_id))
+        run.token = self.push(at + (run.spec.iterations - done) * run.step_time + self._rules.preemptive_end_lag_s,
+                              ev.JobFinished(f"finished-{job_id}", job_id))
 
     def _calibration_applies(self, run: _Run) -> bool:
         if self._mps_share is None:
