@@ -91,8 +91,8 @@ def test_restart_charge_is_60_s_above_8_gpus():
 
 def test_two_jobs_ending_in_one_step_are_placed_by_one_pass():
     """p (2 GPUs, 199 steps of 0.5 s: ends at 99.5) and q (2 GPUs, 100 s) run from 0; x (4 GPUs, 50 s) and
-    y (2 GPUs, 300 s) arrive at 1. Lucid (1 s steps): p's end falls in the step ending at 100 (Lucid's own times
-    are whole seconds), so at t=100 both release before the one pass: x (shortest) takes all 4 GPUs, 100-150;
+    y (2 GPUs, 300 s) arrive at 1. Lucid (1 s steps, whole-second times): p's end, at 99.5, is delivered at the
+    nearest step, 100, so at t=100 both release before the one pass: x (shortest) takes all 4 GPUs, 100-150;
     then y 150-450. With a pass per event (no time step), p's release alone lets backfilling sjf start y on
     its 2 GPUs at 99.5 (ends 399.5), and x waits for y: 399.5-449.5."""
     jobs = [_job("p", 2, 199, 0.0, per_gpu_batch=50), _job("q", 2, 100, 0.0), _job("x", 4, 50, 1.0),
@@ -109,6 +109,13 @@ def test_arrival_and_release_in_one_step_see_each_other():
     starts S (shorter) at 100-110, then L 110-610."""
     jobs = [_job("R", 4, 100, 0.0), _job("L", 4, 500, 1.0), _job("S", 4, 10, 100.0)]
     assert _run(jobs, "sjf-strict", LUCID) == {"R": (0, 100), "L": (110, 610), "S": (100, 110)}
+
+
+def test_events_go_to_the_nearest_step():
+    """A trace duration rounded to whole iterations ends a fraction of a step early or late; Lucid's end is the
+    whole second (sjf.py: end_time = start_time + duration)."""
+    assert [LUCID.step_of(t) for t in (149.97, 150.0, 150.03, 99.5, 99.49)] == [150, 150, 150, 100, 99]
+    assert SimRules().step_of(99.49) == 99.49
 
 
 def test_rules_by_name_and_refusals():

@@ -22,8 +22,8 @@ class SimRules:
     restart_charge_s: fixed seconds a restart after a preemption costs (checkpoint and cold start together,
     paid while the restarted job holds its GPUs; the preemption itself frees them at once); None: the model's
     pause time at the preemption plus its load time at the restart. restart_charge_large_s: the same for jobs
-    of more than `large_job_gpus` GPUs (None: restart_charge_s). time_step_s: deliver events at the end of
-    their step (times rounded up to a multiple) and run one scheduling pass per step; None: a pass per event.
+    of more than `large_job_gpus` GPUs (None: restart_charge_s). time_step_s: deliver events at the nearest
+    multiple of the step and run one scheduling pass per step; None: a pass per event.
     preemptive_end_lag_s: under a preemptive policy a job gives its GPUs back this long after its last
     iteration (Lucid's srtf counts the remaining seconds down and notices zero one step later)."""
 
@@ -52,10 +52,13 @@ class SimRules:
             return self.restart_charge_large_s
         return self.restart_charge_s
 
-    def step_end(self, at: float) -> float:
-        """The end of the time step `at` falls in (`at` itself on a step boundary, to a rounding error)."""
+    def step_of(self, at: float) -> float:
+        """The step boundary an event at `at` is delivered at: the nearest (halves go up). Lucid's times are whole
+        seconds; ours carry the rounding of a trace duration to whole iterations (under half a step on the
+        reference GPU type), which the nearest boundary undoes. An event pushed at or after a boundary `now`
+        is never delivered before `now`."""
         s = self.time_step_s
-        return at if s is None else math.ceil(at / s - 1e-6) * s
+        return at if s is None else math.floor(at / s + 0.5) * s
 
 
 RULES: dict[str, SimRules] = {

@@ -94,13 +94,13 @@ class SimWorld:
         return self._interference
 
     def push(self, at: float, event: ev.Event) -> int:
-        """Time-stepped rules: `at` moves to the end of its step, and within a step events without a scheduling
+        """Time-stepped rules: `at` moves to its step boundary (SimRules.step_of), and within a step events without a scheduling
         trigger come first, then timers, then releases, then arrivals (Lucid's order), so the step's last
         event carries a trigger and its pass (SteppedStack) stands for the whole step."""
         self._seq += 1
         rank = 0
         if self._stepped:
-            at = self._rules.step_end(at)
+            at = self._rules.step_of(at)
             rank = _STEP_RANK.get(type(event), 0)
         heapq.heappush(self._heap, (at, rank, self._seq, event))
         return self._seq
