@@ -160,3 +160,20 @@ def test_a_step_whose_events_include_a_load_ending_still_gets_its_pass():
     loads 160-170 and trains 170-180."""
     jobs = [_job("R", 2, 100, 0.0), _job("X", 2, 50, 100.0), _job("Y", 4, 10, 105.0)]
     assert _run(jobs, "sjf", SimRules(time_step_s=1.0)) == {"R": (0, 110), "X": (100, 160), "Y": (160, 180)}
+
+
+def test_a_timer_is_never_delivered_before_it_is_due():
+    """las asks to be woken when a 7-GPU job crosses 3600 GPU-seconds (b, 2 GPUs, waits for it): at 3600 / 7 =
+    514.29 s. Delivered at the nearest step (514), the tick would come before the crossing, las would ask again
+    for 514.29, and the replay would spin at 514 for ever; timers go to the next step (515) instead."""
+    count = [0]
+
+    def guard(engine) -> None:
+        count[0] += 1
+        assert count[0] < 1000, "the replay spins"
+
+    r = simulate([_job("a", 7, 1000, 0.0), _job("b", 2, 10, 0.0)], make_policy("las"), LinearPerf(),
+                 ClusterSpec(1, 8, "fake", 16384), rules=LUCID, after_event=guard)  # fmt: skip
+    assert all(j.state is JobState.COMPLETED for j in r.engine.state.jobs.values())
+    b = r.engine.state.jobs["b"]
+    assert b.acct.first_start == 515  # a is demoted at the step after its crossing and gives way to b

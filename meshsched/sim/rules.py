@@ -60,6 +60,12 @@ class SimRules:
         s = self.time_step_s
         return at if s is None else math.floor(at / s + 0.5) * s
 
+    def step_after(self, at: float) -> float:
+        """The first step boundary at or after `at`: where a timer goes, since a policy
+        woken before its time would only ask for the same time again."""
+        s = self.time_step_s
+        return at if s is None else math.ceil(at / s) * s
+
 
 RULES: dict[str, SimRules] = {
     "meshsched": SimRules(),

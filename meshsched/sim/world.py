@@ -94,14 +94,15 @@ class SimWorld:
         return self._interference
 
     def push(self, at: float, event: ev.Event) -> int:
-        """Time-stepped rules: `at` moves to its step boundary (SimRules.step_of), and within a step events without a scheduling
-        trigger come first, then timers, then releases, then arrivals (Lucid's order), so the step's last
-        event carries a trigger and its pass (SteppedStack) stands for the whole step."""
+        """Time-stepped rules: `at` moves to its step boundary (SimRules.step_of; a timer to the next one,
+        step_after), and within a step events without a scheduling trigger come first, then timers, then
+        releases, then arrivals (Lucid's order), so the step's last event carries a trigger and its pass
+        (SteppedStack) stands for the whole step."""
         self._seq += 1
         rank = 0
         if self._stepped:
-            at = self._rules.step_of(at)
             rank = _STEP_RANK.get(type(event), 0)
+            at = self._rules.step_after(at) if rank == 1 else self._rules.step_of(at)
         heapq.heappush(self._heap, (at, rank, self._seq, event))
         return self._seq
 
