@@ -119,10 +119,13 @@ def simulate_cmd(
         for name in names:
             task = bar.add_task(name, total=len(tr.jobs))
             t0 = time.perf_counter()
-            r = simulate(
-                tr.jobs, make_policy(name, handle), perf, cluster,
-                progress=lambda n, task=task: bar.update(task, completed=n), rules=rules,
-            )  # fmt: skip
+            try:
+                r = simulate(
+                    tr.jobs, make_policy(name, handle), perf, cluster,
+                    progress=lambda n, task=task: bar.update(task, completed=n), rules=rules,
+                )  # fmt: skip
+            except RuntimeError as e:
+                fail(f"{name}: {e}")
             wall = time.perf_counter() - t0
             bar.remove_task(task)
             results[name] = r

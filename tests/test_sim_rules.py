@@ -177,3 +177,16 @@ def test_a_timer_is_never_delivered_before_it_is_due():
     assert all(j.state is JobState.COMPLETED for j in r.engine.state.jobs.values())
     b = r.engine.state.jobs["b"]
     assert b.acct.first_start == 515  # a is demoted at the step after its crossing and gives way to b
+
+
+def test_a_preemption_loop_at_one_instant_is_an_error_not_a_hang():
+    """Free, immediate preemption lets a stack whose placement restarts a job that its preemption layer evicts
+    again (castor+srtf on this Philly slice, at 867639 s) cycle without time advancing: the replay stops with
+    one line instead of spinning. Under the default rules each cycle costs pause and load time."""
+    perf = _perf()
+    from meshsched.perf.loader import load_interference
+    from meshsched.policies.stack import PolicyHandle
+
+    stack = make_policy("castor+srtf", PolicyHandle(perf, load_interference(), 1))
+    with pytest.raises(RuntimeError, match="without time advancing"):
+        simulate(_philly(300).jobs, stack, perf, _v100(2), rules=LUCID)

@@ -128,6 +128,7 @@ def simulate(
     count = 0
     qlen = -1
     qt, ql = result.queue_times, result.queue_lengths
+    step_at, step_events, step_limit = None, 0, 10 * len(jobs) + 1000  # time-stepped: events at one instant
     while (item := world.pop()) is not None:
         now, event = item
         count += 1
@@ -146,6 +147,11 @@ def simulate(
             world.finished(event.job_id)
         if gate is not None:
             gate.hold = world.next_time() == now  # more of this step follows: its pass comes with the last event
+            step_events = step_events + 1 if now == step_at else 1
+            step_at = now
+            if step_events > step_limit:
+                raise RuntimeError(f"time step at {now:g} s: over {step_limit} events without time advancing (the "
+                                   f"policy preempts and restarts jobs in a loop: preemption is free under these rules)")
         world.execute(engine.handle(event, now), now)
         if gate is not None and not gate.hold and gate.pending:
             raise RuntimeError(f"time step at {now}: its last event ({type(event).__name__}) ran no scheduling pass")
