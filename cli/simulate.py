@@ -48,6 +48,9 @@ def simulate_cmd(
     window: str | None = typer.Option(None, help="START:END hours since the trace's first arrival."),
     load: float = typer.Option(1.0, help="Arrival-rate factor: 2 packs arrivals twice as densely."),
     seed: int = typer.Option(1, help="Seed for the model, batch size and deadline of each trace job."),
+    rules_name: str = typer.Option("meshsched", "--rules", help="Simulator rules: meshsched (a pass per event, "
+                                   "load times, model-based restarts) or lucid (Lucid's simulator; "
+                                   "docs/simulator-rules.md)."),
     overheads: str = typer.Option("measured", help=f"Load/pause-time regime: {', '.join(OVERHEAD_REGIMES)} (profiles/README.md)."),
     out: Path | None = typer.Option(None, help="Directory for summary.json, summary.csv and jobs-<policy>.csv."),
     plot: bool = typer.Option(False, "--plot", help="Write simulate.png (JCT CDFs, queue length) into --out (or .)."),
@@ -57,6 +60,7 @@ def simulate_cmd(
     """Replay a cluster trace through the scheduler engine under each policy and compare them."""
     from meshsched.sim.loop import ClusterSpec, simulate
     from meshsched.sim.metrics import summarise, summary_dict
+    from meshsched.sim.rules import check_policy, rules_named
 
     if nodes < 1 or gpus_per_node < 1:
         fail(f"the cluster needs at least one node with at least one GPU (got --nodes {nodes} --gpus-per-node {gpus_per_node})")
@@ -64,9 +68,10 @@ def simulate_cmd(
     if not names:
         fail("--policy is empty")
     try:
+        rules = rules_named(rules_name)
         for n in names:
-            make_policy(n)
-    except UnknownPolicy as e:
+            check_policy(rules, make_policy(n))
+    except (UnknownPolicy, ValueError) as e:
         fail(str(e))
     try:
         perf = load_perf_model(overheads)
@@ -121,10 +126,13 @@ def simulate_cmd(
         for name in names:
             task = bar.add_task(name, total=len(tr.jobs))
             t0 = time.perf_counter()
-            r = simulate(
-                tr.jobs, make_policy(name, handle), perf, cluster,
-                progress=lambda n, task=task: bar.update(task, completed=n),
-            )  # fmt: skip
+            try:
+                r = simulate(
+                    tr.jobs, make_policy(name, handle), perf, cluster,
+                    progress=lambda n, task=task: bar.update(task, completed=n), rules=rules,
+                )  # fmt: skip
+            except RuntimeError as e:
+                fail(f"{name}: {e}")
             wall = time.perf_counter() - t0
             bar.remove_task(task)
             results[name] = r
@@ -147,7 +155,7 @@ def simulate_cmd(
                 "trace": tr.name, "jobs": len(tr.jobs), "seed": seed, "load": load,
                 "cluster": [{"nodes": g.nodes, "gpus_per_node": g.gpus_per_node, "gpu_type": g.gpu_type}
                             for g in cluster.groups],
-                "overheads": overheads, "warnings": warnings, "out": str(out) if out is not None else None,
+                "overheads": overheads, "rules": rules_name.strip(), "warnings": warnings, "out": str(out) if out is not None else None,
                 "policies": [dict(summary_dict(s), sim_seconds=round(w, 2)) for s, w in summaries],
             }
         )  # fmt: skip

@@ -9,6 +9,7 @@ from meshsched import events as ev
 from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
 from meshsched.policies.stack import PolicyStack
+from meshsched.sim.rules import SimRules, SteppedStack, check_policy
 from meshsched.sim.world import SimWorld
 from meshsched.state import JobSpec, NodeSpec
 
@@ -96,6 +97,7 @@ def simulate(
     mps_share=None,
     after_event: Callable[[Engine], None] | None = None,
     progress: Callable[[int], None] | None = None,
+    rules: SimRules = SimRules(),
 ) -> SimResult:
     """Replay `jobs` (sorted by submit_time) under `policy` until nothing is left to happen.
 
@@ -103,14 +105,20 @@ def simulate(
     `progress(n_arrived)` is called every 1,000 arrivals. `interference` is the truth for jobs sharing a GPU
     (default: the predictor the policy stack was built with); `mps_share` is the truth for jobs under a
     calibration (default: the MPS-share model of the stack's calibration layer, if any).
+    `rules` (meshsched.sim.rules) selects a published simulator's conventions; under a time step the policy
+    gets one pass per step (ValueError for a periodic policy).
     """
     nodes = cluster.node_specs()
-    engine = Engine(policy, ProfileEstimator(perf))
+    check_policy(rules, policy)
+    if policy.preemption is None:
+        rules = replace(rules, preemptive_end_lag_s=0.0)
+    gate = SteppedStack(policy) if rules.time_step_s is not None else None
+    engine = Engine(gate or policy, ProfileEstimator(perf))
     if interference is None:
         interference = getattr(policy.placement, "interference", None)
     if mps_share is None:
         mps_share = getattr(policy.calibration, "mps_share", None)
-    world = SimWorld(perf, nodes, interference, mps_share)
+    world = SimWorld(perf, nodes, interference, mps_share, rules)
     for n in nodes:
         world.execute(engine.handle(ev.NodeJoined(f"join-{n.name}", n), 0.0), 0.0)
     result = SimResult(engine, cluster, 0)
@@ -120,6 +128,7 @@ def simulate(
     count = 0
     qlen = -1
     qt, ql = result.queue_times, result.queue_lengths
+    step_at, step_events, step_limit = None, 0, 10 * len(jobs) + 1000  # time-stepped: events at one instant
     while (item := world.pop()) is not None:
         now, event = item
         count += 1
@@ -136,7 +145,16 @@ def simulate(
             world.started(event.job_id, now)
         elif kind is ev.JobFinished:
             world.finished(event.job_id)
+        if gate is not None:
+            gate.hold = world.next_time() == now  # more of this step follows: its pass comes with the last event
+            step_events = step_events + 1 if now == step_at else 1
+            step_at = now
+            if step_events > step_limit:
+                raise RuntimeError(f"time step at {now:g} s: over {step_limit} events without time advancing (the "
+                                   f"policy preempts and restarts jobs in a loop: preemption is free under these rules)")
         world.execute(engine.handle(event, now), now)
+        if gate is not None and not gate.hold and gate.pending:
+            raise RuntimeError(f"time step at {now}: its last event ({type(event).__name__}) ran no scheduling pass")
         if after_event is not None:
             after_event(engine)
         n = engine.queue_length

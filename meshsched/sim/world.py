@@ -36,6 +36,7 @@ from meshsched.perf.memory import pair_fits
 from meshsched.perf.mps_share import Partner
 from meshsched.policies.gimbal import LGRR_SWITCH_S
 from meshsched.policies.gimbal_policy import is_calibrated, job_perf
+from meshsched.sim.rules import SimRules
 from meshsched.state import ExecConfig, JobSpec, NodeSpec
 
 
@@ -59,8 +60,11 @@ class _Run:
 class SimWorld:
     """Owns the event heap; `push` schedules an event, `pop` returns the next live one. An Executor."""
 
-    def __init__(self, perf, nodes: list[NodeSpec], interference=None, mps_share=None) -> None:  # perf: PerfModel
+    def __init__(self, perf, nodes: list[NodeSpec], interference=None, mps_share=None,
+                 rules: SimRules = SimRules()) -> None:  # perf: PerfModel
         self._perf = perf
+        self._rules = rules
+        self._stepped = rules.time_step_s is not None
         self._gpu_node: list[str] = []
         self._gpu_type: list[str] = []
         self._gpu_mem: list[int] = []
@@ -91,21 +95,40 @@ class SimWorld:
         return self._interference
 
     def push(self, at: float, event: ev.Event) -> int:
+        """Time-stepped rules: `at` moves to its step boundary (SimRules.step_of; a timer to the next one,
+        step_after), and within a step events without a scheduling trigger come first, then timers, then
+        releases, then arrivals (Lucid's order), so the step's last event carries a trigger and its pass
+        (SteppedStack) stands for the whole step."""
         self._seq += 1
-        heapq.heappush(self._heap, (at, self._seq, event))
+        rank = 0
+        if self._stepped:
+            rank = _STEP_RANK.get(type(event), 0)
+            at = self._rules.step_after(at) if rank == 1 else self._rules.step_of(at)
+        heapq.heappush(self._heap, (at, rank, self._seq, event))
         return self._seq
 
     def pop(self) -> tuple[float, ev.Event] | None:
+        if self._drop_stale():
+            at, _, _, event = heapq.heappop(self._heap)
+            self._now = at
+            return at, event
+        return None
+
+    def next_time(self) -> float | None:
+        """When the next live event happens (None: nothing is left)."""
+        return self._heap[0][0] if self._drop_stale() else None
+
+    def _drop_stale(self) -> bool:
         heap = self._heap
         while heap:
-            at, seq, event = heapq.heappop(heap)
-            self._now = at
+            at, _, seq, event = heap[0]
             if isinstance(event, (ev.JobStarted, ev.JobFinished)):
                 run = self._runs.get(event.job_id)
                 if run is None or run.token != seq:
-                    continue  # superseded by a preemption, a kill or a rate change
-            return at, event
-        return None
+                    heapq.heappop(heap)  # superseded by a preemption, a kill or a rate change
+                    continue
+            return True
+        return False
 
     def submit(self, spec: JobSpec) -> None:
         self._specs[spec.job_id] = spec
@@ -127,7 +150,9 @@ class SimWorld:
         self._check_exec(x, len(a.gpus))
         run.solo_step = run.step_time = self._solo(run)
         self._runs[a.job_id] = run
-        run.token = self.push(now + self._perf.load_time(spec.model), ev.JobStarted(f"loaded-{a.job_id}", a.job_id))
+        charge = self._rules.restart_charge(spec.gpus) if a.restart else None
+        load = charge if charge is not None else self._perf.load_time(spec.model) if self._rules.load_time else 0.0
+        run.token = self.push(now + load, ev.JobStarted(f"loaded-{a.job_id}", a.job_id))
 
     def _preempt(self, a: Preempt, now: float) -> None:
         run = self._runs.pop(a.job_id)
@@ -135,7 +160,8 @@ class SimWorld:
             self.push(now, ev.JobPaused(f"paused-{a.job_id}", a.job_id, run.resume_from))
         else:
             done = min(run.spec.iterations, run.resume_from + (now - run.started_at) / run.step_time)
-            pause = self._perf.pause_time(run.spec.model)
+            # a fixed restart charge is paid at the restart: the GPUs come free at once
+            pause = self._perf.pause_time(run.spec.model) if self._rules.restart_charge_s is None else 0.0
             self._stop_training(a.job_id, run, now)
             self.push(now + pause, ev.JobPaused(f"paused-{a.job_id}", a.job_id, done))
 
@@ -200,7 +226,8 @@ class SimWorld:
             self._training.setdefault(g, []).append(job_id)
         if not partners:
             left = run.spec.iterations - run.resume_from
-            run.token = self.push(now + left * run.step_time, ev.JobFinished(f"finished-{job_id}", job_id))
+            run.token = self.push(now + left * run.step_time + self._rules.preemptive_end_lag_s,
+                                  ev.JobFinished(f"finished-{job_id}", job_id))
             return
         run.shared = True
         run.partners.update(partners)
@@ -271,7 +298,8 @@ class SimWorld:
         xi = self._xi(run)
         run.xi_max = max(run.xi_max, xi)
         run.step_time = self._calibrated_step(run) if self._calibration_applies(run) else run.solo_step * xi
-        run.token = self.push(at + (run.spec.iterations - done) * run.step_time, ev.JobFinished(f"finished-{job_id}", job_id))
+        run.token = self.push(at + (run.spec.iterations - done) * run.step_time + self._rules.preemptive_end_lag_s,
+                              ev.JobFinished(f"finished-{job_id}", job_id))
 
     def _calibration_applies(self, run: _Run) -> bool:
         if self._mps_share is None:
@@ -318,3 +346,7 @@ class SimWorld:
 
     def _shape(self, gpus: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(sorted(Counter(self._gpu_node[g] for g in gpus).values(), reverse=True))
+
+
+# Delivery order within one step under time-stepped rules (the rest: 0, first)
+_STEP_RANK = {ev.Tick: 1, ev.JobFailed: 2, ev.JobPaused: 2, ev.JobFinished: 2, ev.JobSubmitted: 3}
