@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +51,25 @@ def poll(pred, timeout: float = 20.0, what: str = "condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def start_meshd(state: Path, runtime: Path, *flags: str, env: dict | None = None):
+    """A real meshd process on fake GPUs (`flags`: more meshd options); returns (process, API client) once it serves."""
+    from meshsched.cli.client import Client, DaemonUnavailable
+
+    argv = [PY, "-m", "meshsched.daemon.main", "--state-dir", str(state), "--runtime-dir", str(runtime), *flags]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
+    client = Client(runtime / "api.sock")
+
+    def up() -> bool:
+        try:
+            return client.call("GET", "/v1/health")["status"] == "running"
+        except DaemonUnavailable:
+            assert proc.poll() is None, "meshd exited"
+            return False
+
+    poll(up, what="meshd serving")
+    return proc, client
 
 
 def kill_sessions(pids) -> None:

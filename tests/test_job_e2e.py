@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from meshsched.cli.client import Client, DaemonUnavailable
 from meshsched.daemon.launcher import free_port
-from tests.test_daemon_helpers import kill_sessions, poll, remove, short_dir
+from tests.test_daemon_helpers import kill_sessions, poll, remove, short_dir, start_meshd
 
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
@@ -44,20 +43,8 @@ def uninterrupted(tmp: Path) -> dict[int, float]:
 @pytest.fixture
 def meshd(tmp_path):
     runtime = short_dir()
-    argv = [sys.executable, "-m", "meshsched.daemon.main", "--state-dir", str(tmp_path / "state"),
-            "--runtime-dir", str(runtime), "--fake-gpus", "2", "--policy", "srtf", "--kill-grace", "5",
-            "--preempt-grace", "30", "--node-name", "e2e"]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-    client = Client(runtime / "api.sock")
-
-    def up() -> bool:
-        try:
-            return client.call("GET", "/v1/health")["status"] == "running"
-        except DaemonUnavailable:
-            assert proc.poll() is None, "meshd exited"
-            return False
-
-    poll(up, what="meshd serving")
+    proc, client = start_meshd(tmp_path / "state", runtime, "--fake-gpus", "2", "--policy", "srtf", "--kill-grace", "5",
+                               "--preempt-grace", "30", "--node-name", "e2e")
     yield client
     pids = [j["supervisor_pid"] for j in client.call("GET", "/v1/jobs?all=1")]
     proc.terminate()

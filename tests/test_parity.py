@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from meshsched.cli.client import Client, DaemonUnavailable
-from tests.test_daemon_helpers import kill_sessions, poll, remove, short_dir
+from tests.test_daemon_helpers import kill_sessions, poll, remove, short_dir, start_meshd
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,19 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def castor_meshd(tmp_path):
     runtime = short_dir()
-    argv = [sys.executable, "-m", "meshsched.daemon.main", "--state-dir", str(tmp_path / "state"), "--runtime-dir",
-            str(runtime), "--fake-gpus", "1", "--policy", "castor", "--kill-grace", "1", "--node-name", "pair"]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=dict(os.environ, MESHD_SYSTEMD_SCOPE="no"))
-    client = Client(runtime / "api.sock")
-
-    def up() -> bool:
-        try:
-            return client.call("GET", "/v1/health")["status"] == "running"
-        except DaemonUnavailable:
-            assert proc.poll() is None, "meshd exited"
-            return False
-
-    poll(up, what="meshd serving")
+    proc, client = start_meshd(tmp_path / "state", runtime, "--fake-gpus", "1", "--policy", "castor", "--kill-grace", "1",
+                               "--node-name", "pair", env=dict(os.environ, MESHD_SYSTEMD_SCOPE="no"))
     yield client, tmp_path / "state", runtime
     pids = [j["supervisor_pid"] for j in client.call("GET", "/v1/jobs")]
     proc.send_signal(signal.SIGTERM)

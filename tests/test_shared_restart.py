@@ -4,32 +4,18 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
 
-from meshsched.cli.client import Client, DaemonUnavailable
-from tests.test_daemon_helpers import kill_sessions, poll, remove, short_dir
+from tests.test_daemon_helpers import kill_sessions, poll, remove, short_dir, start_meshd
 
 pytestmark = pytest.mark.slow
 
 
 def _start(state, runtime):
-    argv = [sys.executable, "-m", "meshsched.daemon.main", "--state-dir", str(state), "--runtime-dir", str(runtime),
-            "--fake-gpus", "1", "--policy", "castor", "--kill-grace", "1", "--node-name", "pair"]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=dict(os.environ, MESHD_SYSTEMD_SCOPE="no"))
-    client = Client(runtime / "api.sock")
-
-    def up() -> bool:
-        try:
-            return client.call("GET", "/v1/health")["status"] == "running"
-        except DaemonUnavailable:
-            assert proc.poll() is None, "meshd exited"
-            return False
-
-    poll(up, what="meshd serving")
-    return proc, client
+    return start_meshd(state, runtime, "--fake-gpus", "1", "--policy", "castor", "--kill-grace", "1", "--node-name",
+                       "pair", env=dict(os.environ, MESHD_SYSTEMD_SCOPE="no"))
 
 
 def test_meshd_restart_mid_shared_pair_keeps_both_exec_configs(tmp_path):
