@@ -11,7 +11,7 @@ import typer
 from meshsched.cli.output import fail, print_json
 from meshsched.perf import DEFAULT_GPU_TYPE, UnknownProfile, load_perf_model
 from meshsched.perf.loader import OVERHEAD_REGIMES
-from meshsched.policies.registry import POLICIES, UnknownPolicy, make_policy
+from meshsched.policies.registry import POLICIES, UnknownPolicy, make_policy, needs_models
 
 from meshsched.sim.traces import BUILTIN_TRACES, TraceError, TraceOptions, load_trace
 
@@ -69,8 +69,7 @@ def simulate_cmd(
         fail("--policy is empty")
     try:
         rules = rules_named(rules_name)
-        for n in names:
-            check_policy(rules, make_policy(n))
+        sharing = any(needs_models(spec) for spec in names)  # parses every stack: a bad one fails here
     except (UnknownPolicy, ValueError) as e:
         fail(str(e))
     try:
@@ -80,12 +79,15 @@ def simulate_cmd(
     from meshsched.perf.loader import load_interference
     from meshsched.policies.stack import PolicyHandle
 
-    from meshsched.policies.registry import needs_models
-
-    # The policies see the performance model (and overhead regime) the replay runs in; the interference
-    # predictor (XGBoost, slow to import) only when a sharing policy is asked for.
-    sharing = any(needs_models(spec) for spec in names)
+    # Each stack is built once, before the trace is loaded, with the performance model (and overhead regime)
+    # the replay runs in; the interference predictor (XGBoost, slow to import) only for a sharing policy.
     handle = PolicyHandle(perf, load_interference() if sharing else None, seed)
+    stacks = {n: make_policy(n, handle) for n in names}
+    try:
+        for stack in stacks.values():
+            check_policy(rules, stack)
+    except ValueError as e:
+        fail(str(e))
     cluster = None
     if cluster_text is not None:
         try:
@@ -128,7 +130,7 @@ def simulate_cmd(
             t0 = time.perf_counter()
             try:
                 r = simulate(
-                    tr.jobs, make_policy(name, handle), perf, cluster,
+                    tr.jobs, stacks[name], perf, cluster,
                     progress=lambda n, task=task: bar.update(task, completed=n), rules=rules,
                 )  # fmt: skip
             except RuntimeError as e:
