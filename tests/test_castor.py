@@ -15,7 +15,8 @@ from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
 from meshsched.perf import load_perf_model
 from meshsched.perf.memory import job_memory_mb, pair_fits
-from meshsched.policies.castor import Castor, Lucid, SjfFfs
+from meshsched.policies.castor import Castor
+from meshsched.policies.sharing_baselines import Lucid, SjfFfs
 from meshsched.policies.base import Start, Wait
 from meshsched.policies.base import Cycle, Trigger
 from meshsched.policies.registry import make_policy, stack_of
@@ -387,7 +388,7 @@ def test_release_pass_judging_ahead_changes_no_decision(monkeypatch):
         return log, r.engine.policy.placement.share_log
 
     ahead, ahead_shares = run()
-    monkeypatch.setattr(castor_mod._Pass, "peek", lambda self, n: deque())
+    monkeypatch.setattr(castor_mod.SharingPass, "peek", lambda self, n: deque())
     alone, alone_shares = run()
     assert ahead_shares and ahead_shares == alone_shares
     assert ahead == alone

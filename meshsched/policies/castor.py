@@ -1,10 +1,11 @@
-"""GPU-sharing policies: Castor's SJF-BSBF (castor.txt Algorithm 1), and the SJF-FFS and Lucid-like baselines.
+"""GPU-sharing policies' common pass (`SharingScheduler`) and Castor's SJF-BSBF (castor.txt Algorithm 1).
 
-All three walk the queue shortest expected remaining time first (no preemption) and start a job on free
-GPUs (fewest nodes) when it fits, exactly as `sjf` does. They differ in what happens when free GPUs are
-short; then a job may share GPUs that hold exactly one job (never more than two jobs per GPU):
+The sharing policies walk the queue shortest expected remaining time first (no preemption) and start a job on
+free GPUs (fewest nodes) when it fits, exactly as `sjf` does. They differ in what happens when free GPUs are
+short; then a job may share GPUs that hold exactly one job (never more than two jobs per GPU). The SJF-FFS and
+Lucid-like baselines are in `sharing_baselines.py`; castor:
 
-* castor: for each running job A whose GPUs hold only A, Algorithm 2 (`sharing.best_sub_batch`) picks the
+* for each running job A whose GPUs hold only A, Algorithm 2 (`sharing.best_sub_batch`) picks the
   new job's micro-batch (gradient accumulation keeps its global batch; memory must fit next to A) and
   Theorem 1's pair arithmetic says whether starting now beats waiting. Where the paper's wait alternative
   starts the new job when A ends (kappa = t_A i_A), ours starts it when GPUs are forecast free for it
@@ -13,10 +14,6 @@ short; then a job may share GPUs that hold exactly one job (never more than two 
   for which sharing pays are sorted by the pair's predicted mean JCT and their GPUs taken until the job
   fits (free GPUs on the same nodes fill the rest); if no such set exists, the job waits: waiting is
   better (its pending reason says why).
-* sjf-ffs: shares first-fit (lowest node, lowest GPU index) with any single-job GPU whose pair fits in
-  memory, whenever free GPUs are short, at the full batch.
-* lucid: shares only with a running job of the same GPU count, taking exactly its GPUs, and only when the
-  two jobs' profiled utilisation (`utilisation`) adds up to at most LUCID_UTIL_THRESHOLD and memory fits.
 
 On an arrival only the newcomer gets the sharing search (nothing was freed since the last pass); on a
 release, the first SHARE_SEARCH_DEPTH queued jobs that do not fit on free GPUs do.
@@ -38,7 +35,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
@@ -51,7 +47,6 @@ from meshsched.policies.placement import Planner
 from meshsched.policies.sharing import BatchChoice, sub_batches, theorem1
 from meshsched.state import ClusterState, ExecConfig, Job
 
-LUCID_UTIL_THRESHOLD = 1.0
 # On a release, at most this many queued jobs (the first in SJF order that do not fit on free GPUs) get the
 # sharing search; the rest had theirs when they arrived and get it again as they move up the queue.
 # A bound on the pass's cost under a backlog of thousands (castor.txt searches every pending job).
@@ -68,7 +63,7 @@ class ShareRecord:
     partners: tuple[str, ...]
 
 
-class _Pass:
+class SharingPass:
     """One scheduling pass's scratch (kept in `Cycle.scratch`): what the sharing search computes once per pass."""
 
     __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size", "shapes",
@@ -211,13 +206,13 @@ class SharingScheduler:
         return None
 
     # -- helpers -----------------------------------------------------------------------------------------
-    def _pass(self, view: ClusterView, cycle: Cycle) -> _Pass:
+    def _pass(self, view: ClusterView, cycle: Cycle) -> SharingPass:
         ps = cycle.scratch.get(self.name)
         if ps is None:
             state = view._state  # read-only: GPU occupancy for the sharing search  # noqa: SLF001
             for t in state.gpu_types:
                 self._prefill(t)
-            ps = cycle.scratch[self.name] = _Pass(state, cycle)
+            ps = cycle.scratch[self.name] = SharingPass(state, cycle)
         return ps
 
     def _prefill(self, gpu_type: str) -> None:
@@ -226,7 +221,7 @@ class SharingScheduler:
             self._prefilled.add(gpu_type)
             prefill(gpu_type)
 
-    def _hosts(self, view: ClusterView, ps: _Pass) -> list[Host]:
+    def _hosts(self, view: ClusterView, ps: SharingPass) -> list[Host]:
         if ps.hosts is None:
             ps.hosts = self._occupancy(view, ps.state).hosts
         return ps.hosts
@@ -271,23 +266,23 @@ class SharingScheduler:
         taken.update(picked)
         return picked
 
-    def wait_start(self, view, ps: _Pass, job: Job) -> float:
+    def wait_start(self, view, ps: SharingPass, job: Job) -> float:
         """Seconds from now until `job` could start on free GPUs if it waits (see `_Forecast`)."""
         if ps.forecast is None:
             ps.forecast = _Forecast(self._occupancy(view, ps.state), ps.now)
         return ps.forecast.wait(job.spec.gpus, ps.ahead)
 
-    def _record(self, view, ps: _Pass, job: Job, partners, t_b_alone: float, shared_jct: float) -> None:
+    def _record(self, view, ps: SharingPass, job: Job, partners, t_b_alone: float, shared_jct: float) -> None:
         """Log a sharing start with the JCT it would have had waiting until GPUs free up (eq. 24's numerator)."""
         now = ps.now
         wait = self.wait_start(view, ps, job) + t_b_alone * self._remaining_iters(job, now)
         self.share_log[job.job_id] = ShareRecord(job.job_id, now, wait, shared_jct, tuple(sorted(p.job_id for p in partners)))
 
-    def _share(self, view, ps: _Pass, job: Job) -> Decision | None:
+    def _share(self, view, ps: SharingPass, job: Job) -> Decision | None:
         raise NotImplementedError
 
 
-def _spot(pool: dict[str, int], need: int, node_size: int) -> list[str] | None:
+def compact_nodes(pool: dict[str, int], need: int, node_size: int) -> list[str] | None:
     """Nodes that can hold `need` GPUs as compactly as free placement requires, from per-node availability."""
     if need <= node_size:
         fits = [n for n, c in pool.items() if c >= need]
@@ -338,7 +333,7 @@ class _Spot:
             left -= n
             if not left:
                 break
-        return _spot(self.pool, self.need, self.node_size) if total >= self.need else None
+        return compact_nodes(self.pool, self.need, self.node_size) if total >= self.need else None
 
 
 class _HostTable:
@@ -488,7 +483,7 @@ class Castor(SharingScheduler):
             self._kinds[key] = hit
         return hit
 
-    def _shape(self, ps: _Pass, job: Job, per_gpu: int) -> _ShapeNow | Wait | None:
+    def _shape(self, ps: SharingPass, job: Job, per_gpu: int) -> _ShapeNow | Wait | None:
         key = (job.spec.model, job.spec.gpus, per_gpu)
         hit = ps.shapes.get(key, ps)
         if hit is not ps:
@@ -577,9 +572,9 @@ class Castor(SharingScheduler):
         columns = order.tolist()
         return self._place(view, ps, job, columns, columns, choice, per_gpu, t_alone)
 
-    def _judge(self, view, ps: _Pass, job: Job) -> None:
+    def _judge(self, view, ps: SharingPass, job: Job) -> None:
         """Algorithm 1's arithmetic for `job` and, on a release pass, for the queued jobs the walk may search
-        next (`_Pass.lookahead`), at once per job kind: the same operations element by element, so the same
+        next (`SharingPass.lookahead`), at once per job kind: the same operations element by element, so the same
         numbers. Each outcome: None (no host can take it), a Wait (no profile to judge), or the per-column
         numbers `_share` decides on with the hosts still free when the job's turn comes (a host taken in
         between only drops its own column)."""
@@ -721,180 +716,3 @@ class Castor(SharingScheduler):
             f"{o.shared_mean:.0f}s shared vs waiting (xi {worst.xi_a:.2f}/{worst.xi_b:.2f})",
             ExecConfig(micro, acc),
         )  # fmt: skip
-
-
-@dataclass
-class SjfFfs(SharingScheduler):
-    """SJF with first-fit sharing whenever free GPUs are short (full batch; memory must fit)."""
-
-    name: str = "sjf-ffs"
-
-    def _usable(self, view, ps: _Pass, model_b: str, per_gpu: int, gpu_type: str) -> dict[str, list[tuple[int, Job]]]:
-        """Single-job GPUs of `gpu_type` not yet claimed in this pass whose job B could share (memory fits, the
-        pair is feasible), by node, in host order; kept per pass until a GPU is claimed."""
-        key = (model_b, per_gpu, gpu_type)
-        memo = ps.usable
-        hit = memo.get(key)
-        if hit is not None and hit[0] == len(ps.claimed):
-            return hit[1]
-        hosts = memo.get(("hosts", key))
-        if hosts is None:
-            gpus_of = ps.state.gpus
-            ok_of: dict[tuple, bool] = {}
-            hosts = []
-            for h in self._hosts(view, ps):
-                a = h.job
-                g0 = gpus_of[h.gpus[0]]
-                if g0.gpu_type != gpu_type:
-                    continue
-                micro = self.micro_batch(a)
-                pair = (a.spec.model, micro, g0.memory_mb)
-                ok = ok_of.get(pair)
-                if ok is None:
-                    ok = ok_of[pair] = pair_fits(a.spec.model, micro, model_b, per_gpu, g0.memory_mb) and (
-                        self.interference.xi(a.spec.model, micro, model_b, per_gpu, gpu_type) is not None
-                    )
-                if ok:
-                    hosts.append(h)
-            memo[("hosts", key)] = hosts
-        claimed = ps.claimed
-        usable: dict[str, list[tuple[int, Job]]] = {}
-        for h in hosts:
-            a = h.job
-            for node, gs in h.nodes.items():
-                usable.setdefault(node, []).extend((g, a) for g in gs if g not in claimed)
-        memo[key] = (len(claimed), usable)
-        return usable
-
-    def _share(self, view, ps, job):
-        state, plan = ps.state, ps.plan
-        need = job.spec.gpus
-        node_size = plan.node_size
-        per_gpu = max(1, job.spec.batch_size // need)
-        model_b = job.spec.model
-        free_all = plan.free_map()
-        mixed = len(state.gpu_types) > 1
-        for gpu_type in state.gpu_types:  # one type per job; a single-type cluster has one round
-            free = {n: c for n, c in free_all.items() if state.nodes[n].gpu_type == gpu_type} if mixed else free_all
-            usable = self._usable(view, ps, model_b, per_gpu, gpu_type)
-            pool = {n: free.get(n, 0) + len(usable.get(n, [])) for n in sorted(set(free) | set(usable))}
-            nodes = _spot(pool, need, node_size)
-            if nodes is not None:
-                break
-        else:
-            return None
-        gpus: list[int] = []
-        partners: dict[str, Job] = {}
-        left = need
-        for node in nodes:
-            take = min(left, pool[node])
-            left -= take
-            items = sorted(usable.get(node, []), key=lambda x: x[0])
-            n_free = min(free.get(node, 0), take)
-            if n_free:
-                gpus += self._pick_free(state, plan, node, n_free)
-            for g, a in items[: take - n_free]:
-                gpus.append(g)
-                partners[a.job_id] = a
-        if len(gpus) != need:
-            return None
-        ps.claimed.update(gpus)
-        if not partners:
-            return Start(job.job_id, tuple(gpus), f"{self.name}: {need} GPU(s) free")
-        try:
-            t_b = self._step(job, gpu_type, node_size, per_gpu, 1)
-            self._record(view, ps, job, list(partners.values()), t_b, float("nan"))
-        except (UnknownProfile, ValueError):
-            pass
-        return Start(job.job_id, tuple(gpus), f"{self.name}: first-fit sharing with {','.join(sorted(partners))}")
-
-
-def utilisation(perf, model: str, gpu_type: str, per_gpu_batch: int) -> float:
-    """Lucid-like profiled utilisation proxy: the share of a solo step spent in batch-proportional compute,
-    beta*b / (alpha + beta*b) from the fitted profile (the fixed per-step part alpha is launch/framework time
-    that leaves the GPU idle). No profile measures SM activity, so this is an assumption."""
-    p = perf.profile(model, gpu_type).params
-    work = p.beta_comp * per_gpu_batch
-    return work / (p.alpha_comp + work)
-
-
-@lru_cache(maxsize=1 << 12)
-def _util(perf, model: str, gpu_type: str, per_gpu_batch: int) -> float:
-    return utilisation(perf, model, gpu_type, per_gpu_batch)
-
-
-@dataclass
-class Lucid(SharingScheduler):
-    """Lucid-like packing: same GPU count, exactly the partner's GPUs, combined utilisation <= threshold."""
-
-    name: str = "lucid"
-    threshold: float = LUCID_UTIL_THRESHOLD
-
-    def _sized(self, view, ps) -> dict[int, list[tuple[float, int, Host]]]:
-        """Hosts whose every GPU holds only them, by GPU count, lowest utilisation first (built when the hosts
-        changed), each judged on its own GPU type."""
-        if ps.by_size is None:
-            hosts = self._hosts(view, ps)
-            at = (self._occ, self._occ.host_version)
-            if self._shapes_at == at:
-                ps.by_size = self._shapes
-                return ps.by_size
-            gpus = ps.state.gpus
-            by: dict[int, list[tuple[float, int, Host]]] = {}
-            for h in hosts:
-                a = h.job
-                if len(h.gpus) != a.spec.gpus:
-                    continue
-                try:
-                    u = _util(self.perf, a.spec.model, gpus[h.gpus[0]].gpu_type, self.micro_batch(a))
-                except UnknownProfile:
-                    continue
-                by.setdefault(a.spec.gpus, []).append((u, h.gpus[0], h))
-            for lst in by.values():
-                lst.sort(key=lambda x: (x[0], x[1]))
-            ps.by_size = self._shapes = by
-            self._shapes_at = at
-        return ps.by_size
-
-    def _share(self, view, ps, job):
-        need = job.spec.gpus
-        gpus = ps.state.gpus
-        per_gpu = max(1, job.spec.batch_size // need)
-        model_b = job.spec.model
-        u_b: dict[str, float | None] = {}
-        best = None
-        for u_a, _, h in self._sized(view, ps).get(need, ()):
-            g0 = gpus[h.gpus[0]]
-            gpu_type = g0.gpu_type
-            if gpu_type not in u_b:
-                try:
-                    u_b[gpu_type] = _util(self.perf, model_b, gpu_type, per_gpu)
-                except UnknownProfile:
-                    u_b[gpu_type] = None
-            if u_b[gpu_type] is None:
-                continue
-            u = u_b[gpu_type] + u_a
-            if u > self.threshold:
-                if len(ps.state.gpu_types) == 1:
-                    break  # sorted: every later host is busier
-                continue
-            if ps.claimed.intersection(h.gpus):
-                continue
-            a = h.job
-            micro_a = self.micro_batch(a)
-            if not pair_fits(a.spec.model, micro_a, model_b, per_gpu, g0.memory_mb):
-                continue
-            if self.interference.xi(a.spec.model, micro_a, model_b, per_gpu, gpu_type) is None:
-                continue
-            best = (u, h, gpu_type)
-            break
-        if best is None:
-            return None
-        u, h, gpu_type = best
-        ps.claimed.update(h.gpus)
-        try:
-            t_b = self._step(job, gpu_type, ps.plan.node_size, per_gpu, 1)
-            self._record(view, ps, job, [h.job], t_b, float("nan"))
-        except (UnknownProfile, ValueError):
-            pass
-        return Start(job.job_id, h.gpus, f"{self.name}: packed with {h.job.job_id} (utilisation {u:.2f})")

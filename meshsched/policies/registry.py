@@ -57,13 +57,13 @@ def _castor(args: dict, h: PolicyHandle):
 
 
 def _sjf_ffs(args: dict, h: PolicyHandle):
-    from meshsched.policies.castor import SjfFfs
+    from meshsched.policies.sharing_baselines import SjfFfs
 
     return SjfFfs(perf=h.perf, interference=h.interference)
 
 
 def _lucid(args: dict, h: PolicyHandle):
-    from meshsched.policies.castor import Lucid
+    from meshsched.policies.sharing_baselines import Lucid
 
     return Lucid(perf=h.perf, interference=h.interference, **({"threshold": args["threshold"]} if "threshold" in args else {}))
 
