@@ -1,4 +1,4 @@
-"""Shared fixtures: where the raw measurements are (MESHSCHED_DATA), for the profile-fit regressions."""
+"""Shared fixtures: where the raw measurements are (MESHSCHED_DATA), and a NodeDaemon in temporary dirs."""
 
 from __future__ import annotations
 
@@ -24,3 +24,27 @@ def raw_data() -> Path:
         pytest.fail(f"MESHSCHED_DATA={given} has no throughputs/ folder", pytrace=False)
     pytest.skip(f"raw measurements not found at {DEFAULT_DATA}: set MESHSCHED_DATA to a folder whose "
                 "throughputs/ holds Gavel's and Pollux's measurements (sources: profiles/README.md)")
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    """A state dir and a short runtime dir (Unix socket paths must stay < 100 characters)."""
+    from tests.test_daemon_helpers import remove, short_dir
+
+    runtime = short_dir()
+    yield tmp_path / "state", runtime
+    remove(runtime)
+
+
+@pytest.fixture
+async def daemon(dirs):
+    """A started NodeDaemon with 4 fake GPUs; its jobs' sessions are killed after the test."""
+    from meshsched.daemon.node import NodeDaemon
+    from tests.test_daemon_helpers import kill_sessions, make_config
+
+    d = NodeDaemon(make_config(*dirs))
+    await d.start()
+    yield d
+    pids = [r.supervisor_pid for r in d.records.values()]
+    await d.close()
+    kill_sessions(pids)

@@ -16,24 +16,7 @@ from meshsched.daemon.journal import Journal
 from meshsched.daemon.launcher import proc_start_time
 from meshsched.daemon.node import NodeDaemon, Status
 from meshsched.protocol import HEADER, REPLY_TYPES, FrameDecoder, SubmitRequest, encode_frame
-from tests.test_daemon_helpers import kill_sessions, make_config, py, remove, short_dir, wait_for
-
-
-@pytest.fixture
-def dirs(tmp_path):
-    runtime = short_dir()
-    yield tmp_path / "state", runtime
-    remove(runtime)
-
-
-@pytest.fixture
-async def daemon(dirs):
-    d = NodeDaemon(make_config(*dirs))
-    await d.start()
-    yield d
-    pids = [r.supervisor_pid for r in d.records.values()]
-    await d.close()
-    kill_sessions(pids)
+from tests.test_daemon_helpers import kill_sessions, make_config, py, wait_for
 
 
 def submit(d: NodeDaemon, command: list[str], gpus: int = 1, iters: int = 100, **kw):

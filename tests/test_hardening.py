@@ -10,7 +10,6 @@ import socket
 import sqlite3
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,23 +23,6 @@ from meshsched.daemon.supervisor import LaunchSpec
 from meshsched.protocol import HEADER, REPLY_TYPES, FrameDecoder, RequestError, SubmitRequest
 from tests.test_cli_jobs import served  # noqa: F401  (fixture)
 from tests.test_daemon_helpers import PY, kill_sessions, make_config, py, remove, short_dir, wait_for
-
-
-@pytest.fixture
-def dirs(tmp_path):
-    runtime = short_dir()
-    yield tmp_path / "state", runtime
-    remove(runtime)
-
-
-@pytest.fixture
-async def daemon(dirs):
-    d = NodeDaemon(make_config(*dirs))
-    await d.start()
-    yield d
-    pids = [r.supervisor_pid for r in d.records.values()]
-    await d.close()
-    kill_sessions(pids)
 
 
 def submit(d: NodeDaemon, command: list[str], gpus: int = 1, **kw):

@@ -9,7 +9,7 @@ import pytest
 from meshsched.daemon.node import NodeDaemon
 from meshsched.protocol import PREEMPTED_EXIT_CODE, ProtocolError, decode_body, encode_frame
 from meshsched.protocol import SubmitRequest
-from tests.test_daemon_helpers import kill_sessions, make_config, py, remove, short_dir, wait_for
+from tests.test_daemon_helpers import kill_sessions, make_config, py, wait_for
 
 JOB = '''
 import json, os, sys, time
@@ -43,13 +43,6 @@ while sess.step < 300:
 sess.close()
 print("done", sess.step, c.total, flush=True)
 '''
-
-
-@pytest.fixture
-def dirs(tmp_path):
-    runtime = short_dir()
-    yield tmp_path / "state", runtime
-    remove(runtime)
 
 
 def submit(d, command, gpus, iters, **kw):

@@ -259,15 +259,6 @@ def test_registry_refuses_what_makes_no_sense(spec, message):
 # ------------------------------------------------------------------------------------------ meshd
 
 
-@pytest.fixture
-def dirs(tmp_path):
-    from tests.test_daemon_helpers import remove, short_dir
-
-    runtime = short_dir()
-    yield tmp_path / "state", runtime
-    remove(runtime)
-
-
 _SDK_JOB = (
     "import os, signal, sys, time\nfrom meshsched.daemon.jobclient import JobClient\n"
     "c = JobClient.from_env()\n"
