@@ -134,7 +134,10 @@ def test_bad_frames_and_impersonation_leave_meshd_serving(meshd):
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(5)
             s.connect(str(meshd.runtime / "job.sock"))
-            s.sendall(payload)
+            try:  # meshd refuses a non-job peer at accept: it may have closed before the send
+                s.sendall(payload)
+            except BrokenPipeError:
+                pass
             data = b""
             while chunk := s.recv(4096):
                 data += chunk
