@@ -246,8 +246,9 @@ def nodes(as_json: bool = False) -> None:
         return
     data = api_call("GET", "/v1/nodes")
     rows = [("NODE", "STATE", "GPUS", "FREE", "TYPE", "BACKEND", "POLICY", "QUEUE")] + [
-        (n["name"], "up" if n["alive"] else "down", str(n["total_gpus"]), str(n["free_gpus"]),
-         n["gpus"][0]["name"] if n["gpus"] else "-", n["backend"], n["policy"], str(n["queue_length"]))
+        (n["name"] + (" (leader)" if n.get("leader") else ""), "up" if n["alive"] else "down", str(n["total_gpus"]),
+         str(n["free_gpus"]), n["gpus"][0]["name"] if n["gpus"] else "-", n["backend"], n["policy"],
+         str(n["queue_length"]))
         for n in data
     ]  # fmt: skip
     _out(columns(rows))

@@ -131,7 +131,7 @@ async def logs(request: web.Request) -> web.Response:
 
 
 async def nodes(request: web.Request) -> web.Response:
-    return web.json_response([request.app[DAEMON_KEY].node_view()])
+    return web.json_response(request.app[DAEMON_KEY].nodes_view())
 
 
 async def metrics(request: web.Request) -> web.Response:

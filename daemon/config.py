@@ -17,6 +17,9 @@ Defaults (documented in docs/daemon.md):
                  3 / 1 s: a job that exits 75 (resumable) with no preemption asked is requeued after
                  backoff * 2^(n-1) s, and fails after `limit` such exits
   log_max_mb     64: a rank's log past this size is rotated (newest half kept in rank<N>.log.1)
+  node_grace     60 s (mesh only): a node whose member entry has been gone this long is lost; its jobs requeue
+  [coordinator]  a table of its own (or MESHD_COORDINATOR_<KEY>): `local` (default) or `etcd`, see
+                 docs/coordinator.md
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ class DaemonConfig:
     self_preempt_limit: int = 3  # exits with code 75 that no preemption asked for, before the job fails
     self_preempt_backoff: float = 1.0  # seconds before the first such requeue; doubles each time
     log_max_mb: float = 64.0  # per rank log; past it the newest half moves to rank<N>.log.1
+    node_grace: float = 60.0  # (mesh) seconds a node may be gone before its jobs are requeued elsewhere
+    coordinator: Any = None  # CoordinatorConfig; None: the embedded local coordinator
 
     @property
     def api_socket(self) -> Path:
@@ -100,7 +105,7 @@ class DaemonConfig:
             raise ConfigError("fake_gpus must be >= 0")
         if not (math.isfinite(self.log_max_mb) and self.log_max_mb > 0):
             raise ConfigError(f"log_max_mb must be a finite number > 0, got {self.log_max_mb!r}")
-        for key in ("kill_grace", "preempt_grace", "self_preempt_backoff"):
+        for key in ("kill_grace", "preempt_grace", "self_preempt_backoff", "node_grace"):
             value = getattr(self, key)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{key} must be a finite number >= 0, got {value!r}")
@@ -148,6 +153,7 @@ def load_config(
     cfg = DaemonConfig(state_dir=default_state_dir(env), runtime_dir=default_runtime_dir(env))
     kinds = {f.name: f.type for f in fields(DaemonConfig)}
     layers: list[tuple[str, Mapping[str, Any]]] = []
+    coordinator: list[tuple[str, Mapping[str, Any]]] = []  # [coordinator] keys, by source
     file = path if path is not None else (Path(env["MESHD_CONFIG"]) if env.get("MESHD_CONFIG") else None)
     if file is None and DEFAULT_CONFIG_FILE.exists():
         file = DEFAULT_CONFIG_FILE
@@ -159,16 +165,21 @@ def load_config(
             raise ConfigError(f"config file {file} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{file}: {exc}") from None
+        if isinstance(data.get("coordinator"), dict):
+            coordinator.append((str(file), data.pop("coordinator")))
         data = data.get("meshd", data)
+        if isinstance(data.get("coordinator"), dict):
+            coordinator.append((str(file), data.pop("coordinator")))
         layers.append((str(file), data))
-    layers.append(
-        ("environment", {k[len(ENV_PREFIX) :].lower(): v for k, v in env.items() if k.startswith(ENV_PREFIX)})
-    )
+    from_env = {k[len(ENV_PREFIX) :].lower(): v for k, v in env.items() if k.startswith(ENV_PREFIX)}
+    coordinator.append(("environment", {k[len("coordinator_"):]: from_env.pop(k) for k in list(from_env)
+                                        if k.startswith("coordinator_")}))
+    layers.append(("environment", from_env))
     layers.append(("command line", {k: v for k, v in (overrides or {}).items() if v is not None}))
     for source, layer in layers:
         values = {}
         for key, value in layer.items():
-            if key == "config" and source == "environment":
+            if key in ("config", "coordinator") and source == "environment":
                 continue
             if key not in kinds:
                 raise ConfigError(f"{source}: unknown key {key!r}; known: {', '.join(sorted(kinds))}")
@@ -178,6 +189,13 @@ def load_config(
         cfg = replace(cfg, node_name=socket.gethostname().split(".")[0] or "localhost")
     if cfg.token_file is not None:
         cfg = replace(cfg, token=read_token_file(cfg.token_file))
+    merged: dict[str, Any] = {}
+    for source, table in coordinator:
+        merged.update(table)
+    if merged:
+        from meshsched.daemon.coordinator import CoordinatorConfig
+
+        cfg = replace(cfg, coordinator=CoordinatorConfig.from_mapping(merged, ", ".join(s for s, t in coordinator if t)))
     return cfg.validate()
 
 

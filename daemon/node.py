@@ -88,6 +88,9 @@ class NodeDaemon:
                           Reconfigure: self._reconfigure, ScheduleTimer: self._arm_timer, FitModel: self._fit}
         check_handlers("meshd", self._handlers)
         self._id_floor = 1  # new job ids continue past every existing job directory
+        self.mesh = None  # a MeshLink under the etcd coordinator: the engine follows the mesh's log
+        self._runs: dict[str, int] = {}  # job -> the launch count its local ranks were started with
+        self._pending_outcomes: list[tuple[str, Outcome, bool]] = []  # (mesh) exits found at start
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -120,7 +123,17 @@ class NodeDaemon:
             self._stack.callback(self._cancel_timer)
             self._stack.callback(lambda: [t.cancel() for t in self._preempt_timers.values()])
             self._stack.callback(self._close_fit_pool)
-            self._recover()
+            if cfg.coordinator is not None and cfg.coordinator.backend != "local":
+                from meshsched.daemon.coordinator import open_coordinator
+                from meshsched.daemon.mesh import MeshLink
+
+                self.mesh = MeshLink(self, open_coordinator(cfg.coordinator, cfg.node_name), cfg.coordinator,
+                                     cfg.node_grace)
+                self._recover_local_runs()
+                self.mesh.start()
+                self._stack.push_async_callback(self.mesh.close)
+            else:
+                self._recover()
             from meshsched.daemon.api import start_api
             from meshsched.daemon.jobsock import start_job_socket
 
@@ -183,8 +196,8 @@ class NodeDaemon:
     def _sid(self, kind: str) -> str:
         return f"{kind}-{next(self._stimulus)}"
 
-    def _handle(self, event: ev.Event) -> None:
-        now = time.time()
+    def _handle(self, event: ev.Event, now: float | None = None, act: bool = True, index: int | None = None) -> None:
+        now = time.time() if now is None else now
         touched: list[str] = []
         jid = getattr(event, "job_id", None) or getattr(getattr(event, "spec", None), "job_id", None)
         if jid:
@@ -194,11 +207,32 @@ class NodeDaemon:
             for action in actions:
                 if isinstance(action, Action):
                     touched.append(action.job_id)
-                dispatch("meshd", self._handlers, action)
+                if act:
+                    dispatch("meshd", self._handlers, action)
+                elif isinstance(action, ScheduleTimer):
+                    self._arm_timer(action)
             for job_id in dict.fromkeys(touched):
                 self._sync(job_id, now)
+            if index is not None:
+                from meshsched.daemon.mesh import APPLIED
+
+                self.journal.set_meta(APPLIED, str(index))
+        if self.mesh is not None:
+            self._stop_released(touched)
+
+    def _input(self, event: ev.Event, run: int | None = None, queued: bool = False, record: dict | None = None) -> None:
+        """Something happened here: the engine hears of it now (one server) or once the mesh's leader has put
+        it in the log (`queued`: after the event being handled, never nested)."""
+        if self.mesh is not None:
+            self.mesh.propose(event, run, record)
+        elif queued:
+            self._events.append(event)
+        else:
+            self.dispatch(event)
 
     def _preempt(self, action: Preempt) -> None:
+        if not self._rank0_here(action.job_id):  # its other nodes stop once rank 0 has checkpointed and left
+            return
         rec = self.records[action.job_id]
         rec.pausing = True
         self._restart_for.pop(rec.job_id, None)
@@ -213,6 +247,8 @@ class NodeDaemon:
             self.launcher.stop(rec.job_id, self.config.kill_grace)
 
     def _kill(self, action: Kill) -> None:
+        if self.mesh is not None and not self.launcher.running(action.job_id):
+            return  # nothing of it runs here
         rec = self.records[action.job_id]
         self._restart_for.pop(rec.job_id, None)
         if self.mps.kind == "none":
@@ -226,6 +262,8 @@ class NodeDaemon:
         """Micro-batch, accumulation and per-rank samples (LISS) change in-process at a step boundary (a
         `calibrate` directive to the SDK; applied when rank 0 collects it). MPS limits and plans are fixed per
         CUDA context: checkpoint and exit, then the same GPUs are relaunched with the new config (`_on_exit`)."""
+        if not self._rank0_here(action.job_id):
+            return
         rec = self.records[action.job_id]
         x = action.exec
         if not action.restart and rec.job_id in self.sdk_jobs:
@@ -242,8 +280,8 @@ class NodeDaemon:
     def directive_taken(self, job_id: str, directive: dict) -> None:
         """Rank 0 collected a directive: a calibration takes effect at its next step boundary."""
         if directive.get("kind") == "calibrate" and "exec" in directive:
-            self._events.append(ev.ReconfigureApplied(self._sid("calibrated"), job_id,
-                                                      ExecConfig.from_dict(directive["exec"])))
+            self._input(ev.ReconfigureApplied(self._sid("calibrated"), job_id, ExecConfig.from_dict(directive["exec"])),
+                        self._runs.get(job_id), queued=True)
 
     def _preempt_expired(self, job_id: str) -> None:
         self._preempt_timers.pop(job_id, None)
@@ -275,9 +313,15 @@ class NodeDaemon:
     def _launch(self, action: Launch) -> None:
         rec = self.records[action.job_id]
         state = self.engine.state
-        local = [state.gpus[g].local_index for g in action.gpus]
         x = action.exec
         rec.exec = x.to_dict()
+        rec.node = state.gpus[action.gpus[0]].node  # rank 0's
+        ranks = [r for r, g in enumerate(action.gpus) if state.gpus[g].node == self.config.node_name]
+        if not ranks or self.launcher.running(rec.job_id):
+            return  # its ranks run on other nodes (or, replaying the mesh's log, already here)
+        local = [state.gpus[action.gpus[r]].local_index for r in ranks]
+        nodes = list(dict.fromkeys(state.gpus[g].node for g in action.gpus))
+        many = len(nodes) > 1
         env = dict(os.environ)
         env.update(rec.env)
         env.setdefault("MESH_GRACE_PERIOD", str(self.config.preempt_grace))
@@ -287,18 +331,22 @@ class NodeDaemon:
         self._forget_run(rec.job_id)
         spec = LaunchSpec(
             job_id=rec.job_id, command=rec.command, cwd=rec.cwd, env=env, local_gpus=local,
-            master_port=free_port(), restart=action.restart, socket=str(self.config.job_socket),
+            master_port=_shared_port(rec.job_id, action.restart) if many else free_port(), restart=action.restart,
+            socket=str(self.config.job_socket), first_rank=ranks[0], world_size=len(action.gpus),
+            node_rank=nodes.index(self.config.node_name),
             checkpoint_dir=str(Path(rec.job_dir) / "checkpoints"), grace=self.config.kill_grace,
             rank_envs=[self.mps.client_env(g, share=x.mps_percentage, mem_limit_mb=x.memory_limit_mb) for g in local],
         )
         try:
             rec.supervisor_pid, rec.supervisor_start = self.launcher.spawn(Path(rec.job_dir), spec)
         except OSError as exc:
-            self._events.append(ev.JobFailed(self._sid("launch"), rec.job_id, f"could not start: {exc}"))
+            self._input(ev.JobFailed(self._sid("launch"), rec.job_id, f"could not start on {self.config.node_name}: "
+                                     f"{exc}"), action.restart + 1, queued=True)
             return
-        rec.node = self.config.node_name
+        self._runs[rec.job_id] = action.restart + 1  # the engine's launch count while this run lives
         rec.pausing = False
-        self._events.append(ev.JobStarted(self._sid("spawned"), rec.job_id))
+        if ranks[0] == 0:
+            self._input(ev.JobStarted(self._sid("spawned"), rec.job_id), action.restart + 1, queued=True)
 
     def _sync(self, job_id: str, now: float) -> None:
         """Copy the engine's view of a job into its durable record and journal any transition."""
@@ -330,6 +378,9 @@ class NodeDaemon:
         self.journal.put(rec)
 
     def _arm_timer(self, action: ScheduleTimer) -> None:  # the ScheduleTimer handler
+        if self.mesh is not None:  # the leader arms it
+            self.mesh.timer_set(action)
+            return
         self._cancel_timer()
         loop = asyncio.get_running_loop()
         delay = max(0.0, action.at - time.time())
@@ -338,6 +389,9 @@ class NodeDaemon:
     def _fit(self, action: FitModel) -> None:  # the FitModel handler
         """Run the fit in a worker process (bit-identical to a fit in the simulator, and the loop keeps
         serving); its result comes back as ModelFitted."""
+        if self.mesh is not None:  # a fitted model is a live object: it cannot travel through the log yet
+            LOG.warning("model fits are not carried across the mesh: the policy keeps its prior model")
+            return
         if self._fit_pool is None:
             import multiprocessing
 
@@ -371,10 +425,18 @@ class NodeDaemon:
         rec = self.records[job_id]
         rec.supervisor_pid, rec.supervisor_start = 0, ""
         self._forget_run(job_id)
+        run = self._runs.pop(job_id, None)
         job = self.engine.state.jobs.get(job_id)
         if job is None or not job.state.holds_gpus:
             with self.journal.batch():
                 self.journal.put(rec)
+            return
+        if self.mesh is not None and not self._rank0_here(job_id, running=False):
+            with self.journal.batch():
+                self.journal.put(rec)
+            if outcome.status == "failed":  # rank 0's node reports the job's end; a failure here ends it too
+                self._input(ev.JobFailed(self._sid("exit"), job_id, f"ranks on {self.config.node_name} failed: "
+                                         f"{outcome.reason}"), run)
             return
         if rec.cancelling:  # every process of the job is gone: now it is CANCELLED and its GPUs free
             rec.cancelling = False
@@ -384,15 +446,17 @@ class NodeDaemon:
         if again is not None and outcome.status == "preempted" and not rec.pausing:
             # checkpointed for a reconfiguration: the same GPUs, the new config, resumed from the checkpoint
             self._launch(Launch(job_id, job.gpus, job.checkpoint_iterations, job.restarts, again))
-            self.dispatch(ev.ReconfigureApplied(self._sid("reconfigured"), job_id, again))
+            if run is not None:
+                self._runs[job_id] = run  # the same run to the engine: it did not count a launch
+            self._input(ev.ReconfigureApplied(self._sid("reconfigured"), job_id, again), run)
             return
         event = self._outcome_event(job_id, outcome, rec.pausing or job.state is JobState.PAUSING)
         if isinstance(event, ev.JobFailed) and event.requeue:  # it exited resumable on its own: back off
             delay = self.config.self_preempt_backoff * 2 ** (rec.self_preempts - 1)
             LOG.warning("job %s exited resumable without a preemption; requeued in %.1f s", job_id, delay)
-            self._preempt_timers[job_id] = asyncio.get_running_loop().call_later(delay, self.dispatch, event)
+            self._preempt_timers[job_id] = asyncio.get_running_loop().call_later(delay, self._input, event, run)
             return
-        self.dispatch(event)
+        self._input(event, run)
 
     def _forget_run(self, job_id: str) -> None:
         """Drop what belonged to the job's last run (directives, throughput, the preemption timer)."""
@@ -481,10 +545,11 @@ class NodeDaemon:
 
     def submit(self, req: SubmitRequest, user: str) -> JobRecord:
         total = self.engine.state.total_gpus
-        if req.gpus > total:
-            raise SubmitError(f"--gpus {req.gpus}: this node has only {total} GPU(s)")
+        if req.gpus > total and (self.mesh is None or self.mesh.synced):
+            where = "this node has" if self.mesh is None else "the mesh's live nodes have"
+            raise SubmitError(f"--gpus {req.gpus}: {where} only {total} GPU(s)")
         seq = self.journal.next_seq(self._id_floor)
-        job_id = str(seq)
+        job_id = str(seq) if self.mesh is None else f"{self.config.node_name}.{seq}"  # unique without a leader
         rec = JobRecord(
             job_id=job_id, seq=seq, gpus=req.gpus, model=req.model, batch_size=req.batch_size,
             iterations=req.iterations or DEFAULT_ITERATIONS, iterations_given=req.iterations is not None,
@@ -497,11 +562,20 @@ class NodeDaemon:
             self.journal.put(rec)
             self.journal.transition(job_id, rec.submit_time, "PENDING", "submitted")
         self.records[job_id] = rec
-        self.dispatch(ev.JobSubmitted(self._sid("submit"), spec))
+        self._propose_submit(rec) if self.mesh is not None else self.dispatch(ev.JobSubmitted(self._sid("submit"), spec))
         return rec
+
+    def _propose_submit(self, rec: JobRecord) -> None:
+        from meshsched.daemon.mesh import record_payload
+
+        self._input(ev.JobSubmitted(self._sid("submit"), _spec(rec)), record=record_payload(rec))
 
     def cancel(self, job_id: str) -> JobRecord:
         rec = self.records[job_id]
+        if self.mesh is not None:  # the node holding its ranks kills them when the cancel is in the log
+            if rec.state not in TERMINAL:
+                self._input(ev.CancelRequested(self._sid("cancel"), job_id))
+            return rec
         if rec.state in HOLDING and self.launcher.running(job_id):
             if not rec.cancelling:  # CANCELLED (and its GPUs free) once every process of it is gone
                 rec.cancelling = True
@@ -523,12 +597,12 @@ class NodeDaemon:
                 "samples_per_second": (samples or 0.0) / window if window else 0.0, "at": time.time(),
             }
         if not rank:
-            self.dispatch(ev.IterationReport(self._sid("report"), job_id, iterations, step_time))
+            self._input(ev.IterationReport(self._sid("report"), job_id, iterations, step_time), self._runs.get(job_id))
             ranks = self.throughput.get(job_id, {})
             if rank is not None and len(ranks) == self.records[job_id].gpus > 1:  # every rank has reported
                 fwd = [ranks[r]["forward_time"] for r in sorted(ranks)]  # what tells a straggler (Gimbal sec. 6)
                 times = fwd if min(fwd) > 0 else [ranks[r]["step_time"] for r in sorted(ranks)]
-                self.dispatch(ev.RankReport(self._sid("ranks"), job_id, tuple(times)))
+                self._input(ev.RankReport(self._sid("ranks"), job_id, tuple(times)), self._runs.get(job_id))
 
     def job_hello(self, job_id: str, sdk: bool, steps: int | None = None) -> None:
         if sdk:
@@ -536,10 +610,10 @@ class NodeDaemon:
         rec = self.records.get(job_id)
         if steps and rec is not None and not rec.iterations_given and steps != rec.iterations:
             rec.iterations = steps  # journalled with the event; `mesh submit --iters` would have overridden it
-            self.dispatch(ev.TotalDeclared(self._sid("hello"), job_id, steps))
+            self._input(ev.TotalDeclared(self._sid("hello"), job_id, steps), self._runs.get(job_id))
 
     def job_checkpoint(self, job_id: str, iterations: float) -> None:
-        self.dispatch(ev.CheckpointSaved(self._sid("checkpoint"), job_id, iterations))
+        self._input(ev.CheckpointSaved(self._sid("checkpoint"), job_id, iterations), self._runs.get(job_id))
 
     def job_of_pid(self, pid: int) -> str | None:
         """The job whose workers include `pid` (every worker is in its supervisor's session)."""
@@ -548,6 +622,106 @@ class NodeDaemon:
         except OSError:
             return None
         return self.launcher.sessions.get(sid)
+
+    # ---------------------------------------------------------------- the mesh (etcd coordinator)
+
+    def _rank0_here(self, job_id: str, running: bool = True) -> bool:
+        """One server: always. In a mesh: rank 0 of the job's current run is on this node (it checkpoints,
+        takes directives and reports the job's end)."""
+        if self.mesh is None:
+            return True
+        job = self.engine.state.jobs.get(job_id)
+        here = job is not None and bool(job.gpus) and self.engine.state.gpus[job.gpus[0]].node == self.config.node_name
+        return here and (not running or self.launcher.running(job_id))
+
+    def apply_entry(self, entry, index: int, act: bool) -> None:
+        """One entry of the mesh's log, in log order, on every node (`act`: carry out its actions here; False
+        while replaying what this node already did before a restart)."""
+        e, jobs = entry.event, self.engine.state.jobs
+        if isinstance(e, ev.JobSubmitted):
+            if e.spec.job_id in jobs:
+                return self._skip(index)
+            if e.spec.job_id not in self.records and entry.record is not None:
+                known = {f.name for f in fields(JobRecord)}
+                data = {k: v for k, v in entry.record.items() if k in known}
+                data.update(job_dir=str(self.config.jobs_dir / e.spec.job_id))
+                self.records[e.spec.job_id] = JobRecord(**data)
+        elif entry.run is not None:  # an exit or report of a run that is over (the job was requeued since)
+            job = jobs.get(getattr(e, "job_id", ""))
+            if job is None or job.restarts != entry.run:
+                return self._skip(index)
+        job_id = getattr(e, "job_id", None) or getattr(getattr(e, "spec", None), "job_id", None)
+        if job_id is not None and job_id not in self.records:
+            return self._skip(index)  # a job this log never submitted (cannot happen short of a foreign writer)
+        self._dispatching = True
+        try:
+            self._handle(e, entry.time, act, index)
+            while self._events:
+                self._handle(self._events.popleft())
+        finally:
+            self._dispatching = False
+
+    def _skip(self, index: int) -> None:
+        from meshsched.daemon.mesh import APPLIED
+
+        with self.journal.batch():
+            self.journal.set_meta(APPLIED, str(index))
+
+    def _stop_released(self, job_ids: list[str]) -> None:
+        """Ranks still running here of a job the engine no longer places here (a multi-node job whose rank 0
+        ended, a job requeued while this node was counted lost) are stopped."""
+        for job_id in dict.fromkeys(job_ids):
+            job = self.engine.state.jobs.get(job_id)
+            here = job is not None and job.state.holds_gpus and any(
+                self.engine.state.gpus[g].node == self.config.node_name for g in job.gpus)
+            if not here and self.launcher.running(job_id) and job_id not in self._restart_for:
+                LOG.info("job %s: the mesh no longer places it here; stopping its ranks", job_id)
+                self.launcher.stop(job_id, self.config.kill_grace)
+
+    def _recover_local_runs(self) -> None:
+        """(mesh) Before the log is replayed: every job record this node kept, and its supervisors re-adopted;
+        the exits that happened while meshd was down are proposed once the log is replayed."""
+        for rec in self.journal.load():
+            self.records[rec.job_id] = rec
+            if rec.supervisor_pid:
+                if self.launcher.adopt(rec.job_id, rec.supervisor_pid, rec.supervisor_start, Path(rec.job_dir)):
+                    self._runs[rec.job_id] = rec.restarts
+                    continue
+                left = self.launcher.kill_leftovers(rec.job_id, rec.supervisor_pid)
+                if left:
+                    LOG.warning("job %s: killed %d process(es) its dead supervisor left", rec.job_id, len(left))
+                self._pending_outcomes.append((rec.job_id, read_outcome(Path(rec.job_dir)), rec.pausing))
+            elif Path(rec.job_dir).exists():
+                orphan = self.launcher.reap_orphan(Path(rec.job_dir), rec.job_id)
+                if orphan is not None:
+                    LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
+
+    def mesh_synced(self) -> None:
+        """(mesh) The log is replayed: join (again), report what ended meanwhile, hand over unsent submits."""
+        state = self.engine.state
+        node = state.nodes.get(self.config.node_name)
+        if node is None or not node.alive:
+            inv = self.gpus.inventory()
+            self._input(ev.NodeJoined(self._sid("join"), NodeSpec(self.config.node_name, len(inv), inv[0].name,
+                                                                  inv[0].memory_total_mb)))
+        for job_id, outcome, pausing in self._pending_outcomes:
+            job = state.jobs.get(job_id)
+            if job is not None and job.state.holds_gpus and self._rank0_here(job_id, running=False):
+                if outcome.status in ("lost", "terminated") and not pausing:
+                    event = ev.JobFailed(self._sid("recover"), job_id, "meshd restarted and the job's processes were "
+                                         "gone", requeue=True)
+                else:
+                    event = self._outcome_event(job_id, outcome, pausing)
+                self._input(event, job.restarts)
+        self._pending_outcomes.clear()
+        for rec in self.records.values():
+            if rec.job_id not in state.jobs and rec.state == "PENDING" and rec.job_id.startswith(
+                    f"{self.config.node_name}."):
+                self._propose_submit(rec)  # acknowledged before a crash, never in the log: proposed again
+        self._stop_released([j for j in self._runs if self.launcher.running(j)])
+
+    def leadership_changed(self) -> None:
+        self._notifier.send(f"STATUS=mesh leader: {self.mesh.leader or 'none'}")
 
     # ---------------------------------------------------------------- views
 
@@ -604,24 +778,48 @@ class NodeDaemon:
         inv = self.gpus.inventory()
         readings = {r.index: r for r in self.gpus.readings()}
         state = self.engine.state
-        node = state.nodes[self.config.node_name]
+        node = state.nodes.get(self.config.node_name)  # None in a mesh until the log says it joined
+        jobs_on = {state.gpus[g].local_index: list(state.gpus[g].jobs) for g in (node.gpus if node else ())}
         gpus = []
-        for g in node.gpus:
-            gpu = state.gpus[g]
-            info = inv[gpu.local_index]
-            rd = readings.get(gpu.local_index)
+        for info in inv:
+            rd = readings.get(info.index)
             gpus.append({
-                "index": gpu.local_index, "name": info.name, "uuid": info.uuid, "memory_total_mb": info.memory_total_mb,
+                "index": info.index, "name": info.name, "uuid": info.uuid, "memory_total_mb": info.memory_total_mb,
                 "memory_used_mb": rd.memory_used_mb if rd else 0, "utilization": rd.utilization if rd else -1,
-                "temperature": rd.temperature if rd else -1, "jobs": list(gpu.jobs),
+                "temperature": rd.temperature if rd else -1, "jobs": jobs_on.get(info.index, []),
             })
-        return {
+        out = {
             "name": self.config.node_name, "backend": self.gpus.kind, "policy": self.engine.policy.name,
-            "gpus": gpus, "free_gpus": state.free_by_node[node.name], "total_gpus": node.size,
-            "alive": node.alive, "mps": self.mps.kind, "queue_length": self.engine.queue_length,
+            "gpus": gpus, "free_gpus": state.free_by_node.get(self.config.node_name, 0), "total_gpus": len(inv),
+            "alive": node is not None and node.alive, "mps": self.mps.kind, "queue_length": self.engine.queue_length,
             "running": sum(1 for r in self.records.values() if r.state in HOLDING),
             "uptime": time.time() - self.started_at,
         }
+        if self.mesh is not None:
+            out.update(leader=self.mesh.leader == self.config.node_name, mesh=self.mesh.view())
+        return out
+
+    def nodes_view(self) -> list[dict]:
+        """This node in full; in a mesh, every other node as the shared engine state knows it."""
+        here = self.node_view()
+        if self.mesh is None:
+            return [here]
+        state, out = self.engine.state, [here]
+        for name, node in sorted(state.nodes.items()):
+            if name != here["name"]:
+                out.append({"name": name, "backend": "mesh", "policy": here["policy"], "alive": node.alive,
+                            "gpus": [{"index": state.gpus[g].local_index, "name": node.gpu_type,
+                                      "jobs": list(state.gpus[g].jobs)} for g in node.gpus],
+                            "free_gpus": state.free_by_node.get(name, 0), "total_gpus": node.size,
+                            "queue_length": here["queue_length"], "leader": self.mesh.leader == name})
+        return out
+
+
+def _shared_port(job_id: str, run: int) -> int:
+    """MASTER_PORT of a job across nodes: every node computes the same one from the job and its run."""
+    import zlib
+
+    return 20000 + zlib.crc32(f"{job_id}:{run}".encode()) % 20000
 
 
 def _one_thread() -> None:

@@ -54,6 +54,10 @@ class LaunchSpec:
     grace: float
     rank_envs: list[dict[str, str]] = field(default_factory=list)  # per rank, e.g. its GPU's MPS server
     log_max_bytes: int = LOG_MAX_BYTES  # per rank log; rotated once past it
+    first_rank: int = 0  # a job across nodes: the global rank of this node's first rank
+    world_size: int = 0  # ranks over all nodes (0: the local ones)
+    node_rank: int = 0  # this node's place among the job's nodes (GROUP_RANK)
+    master_addr: str = "127.0.0.1"  # rank 0's node
 
     @classmethod
     def load(cls, path: Path) -> LaunchSpec:
@@ -62,17 +66,17 @@ class LaunchSpec:
 
 def rank_env(spec: LaunchSpec, rank: int) -> dict[str, str]:
     """The environment of one worker: torchrun's contract plus CUDA_VISIBLE_DEVICES and MESH_*."""
-    world = len(spec.local_gpus)
+    local = len(spec.local_gpus)
     env = dict(spec.env)
     if rank < len(spec.rank_envs):
         env.update(spec.rank_envs[rank])
     env.update(
-        RANK=str(rank),
+        RANK=str(spec.first_rank + rank),
         LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world),
-        GROUP_RANK="0",
-        MASTER_ADDR="127.0.0.1",
+        WORLD_SIZE=str(spec.world_size or local),
+        LOCAL_WORLD_SIZE=str(local),
+        GROUP_RANK=str(spec.node_rank),
+        MASTER_ADDR=spec.master_addr,
         MASTER_PORT=str(spec.master_port),
         CUDA_VISIBLE_DEVICES=str(spec.local_gpus[rank]),
         MESH_JOB_ID=spec.job_id,

@@ -1,0 +1,102 @@
+"""The mesh's event log: engine events as JSON entries, in the order the leader appended them.
+
+Under the etcd coordinator every meshd runs the same engine over the same log (`log/{index}` records), so
+every node holds the whole mesh's state and carries out the actions that touch its own GPUs. Nodes do not
+append: they *propose* (`proposals/{node}/{seq}`) and the leader copies each proposal into the log, fenced by
+its term. An `Entry` carries the event, the leader's wall time (the engine's `now` on every node), the node
+that proposed it, the run (launch count) an exit or report belongs to, and, for a submit, the job record the
+other nodes need to launch it.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from dataclasses import asdict, dataclass, fields, is_dataclass
+
+from meshsched import events as ev
+from meshsched.state import ExecConfig, JobSpec, NodeSpec
+
+# every event a node may propose (ModelFitted carries a live model object: it never crosses the mesh)
+LOGGED = {cls.__name__: cls for cls in (
+    ev.JobSubmitted, ev.JobStarted, ev.IterationReport, ev.JobPaused, ev.JobFinished, ev.JobFailed,
+    ev.CancelRequested, ev.NodeJoined, ev.NodeLost, ev.Tick, ev.CheckpointSaved, ev.ReconfigureApplied,
+    ev.RankReport, ev.TotalDeclared,
+)}
+_NESTED = {JobSpec: lambda d: JobSpec(**d), NodeSpec: lambda d: NodeSpec(**d), ExecConfig: ExecConfig.from_dict}
+
+
+class LogError(ValueError):
+    """An entry or proposal that is not one this version of meshd wrote."""
+
+
+def log_key(index: int) -> str:
+    return f"log/{index:012d}"
+
+
+def index_of(key: str) -> int:
+    return int(key.rsplit("/", 1)[1])
+
+
+def encode_event(event: ev.Event) -> dict:
+    name = type(event).__name__
+    if name not in LOGGED:
+        raise LogError(f"{name} cannot cross the mesh")
+    out: dict = {"type": name}
+    for f in fields(event):
+        value = getattr(event, f.name)
+        if isinstance(value, ExecConfig):
+            value = value.to_dict()
+        elif is_dataclass(value):
+            value = asdict(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def decode_event(data: dict) -> ev.Event:
+    cls = LOGGED.get(data.get("type", ""))
+    if cls is None:
+        raise LogError(f"unknown event type {data.get('type')!r}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        value, kind = data[f.name], hints[f.name]
+        for nested, build in _NESTED.items():
+            if value is not None and (kind is nested or nested in typing.get_args(kind)):
+                value = build(value)
+        if isinstance(value, list):
+            value = tuple(value)
+        kwargs[f.name] = value
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise LogError(f"bad {cls.__name__}: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One event as every node applies it."""
+
+    event: ev.Event
+    node: str  # who proposed it
+    time: float = 0.0  # the leader's wall clock when it appended the entry: the engine's `now` everywhere
+    run: int | None = None  # for an exit or report: the job's launch count when it happened (stale ones drop)
+    record: dict | None = None  # for a submit: the job record (command, cwd, env) any node needs to launch it
+    proposal: str = ""  # the proposal key it came from (a second copy after a failover is skipped)
+
+    def to_json(self) -> str:
+        return json.dumps({"e": encode_event(self.event), "n": self.node, "t": self.time, "r": self.run,
+                           "rec": self.record, "p": self.proposal}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Entry:
+        try:
+            d = json.loads(text)
+            return cls(decode_event(d["e"]), str(d["n"]), float(d.get("t", 0.0)), d.get("r"), d.get("rec"),
+                       str(d.get("p", "")))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LogError(f"unreadable log entry: {exc}") from None

@@ -1,0 +1,293 @@
+"""MeshLink: one meshd's part in a mesh of daemons over the etcd coordinator.
+
+Every node replays the same event log (`daemon.eventlog`) through its own engine, so every node holds the
+whole mesh's state (`mesh ls` on any node shows every job) and carries out the actions that touch its own
+GPUs. Nodes never decide alone: what happens here (a submit, an exit, a report, a cancel) is *proposed*; the
+leader copies proposals into the log in one order, each write fenced by its term, and arms the engine's
+timer. A new leader needs no rebuild: it has applied the same log. Local-first: while etcd or the leader is
+gone, jobs keep running, proposals wait in an outbox (submits are in the node's journal before they are
+acknowledged and are proposed again after a restart), and everything flows once there is a leader again.
+The leader declares a node lost (the engine requeues its jobs) once its member entry has been gone for
+`node_grace` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import replace
+
+from meshsched import events as ev
+from meshsched.daemon.coordinator import Coordinator, CoordinatorConfig, CoordinatorError, CoordinatorUnavailable, \
+    ChangeKind, Member, StaleTerm
+from meshsched.daemon.eventlog import Entry, LogError, index_of, log_key
+
+LOG = logging.getLogger("meshd.mesh")
+APPLIED = "mesh_applied"  # journal meta: the log index whose actions this node has carried out
+
+
+class MeshLink:
+    def __init__(self, daemon, coordinator: Coordinator, config: CoordinatorConfig, node_grace: float) -> None:
+        self.daemon = daemon
+        self.coord = coordinator
+        self.config = config
+        self.node = daemon.config.node_name
+        self.node_grace = node_grace
+        self.position = 0  # the engine has applied the log up to here
+        self.durable = int(daemon.journal.get_meta(APPLIED) or 0)  # actions carried out up to here (journaled)
+        self.synced = False  # the log has been replayed since this meshd started
+        self.term: int | None = None
+        self.leader: str | None = None
+        self.leaderships = 0  # times this node became leader
+        self.first_decision: float | None = None  # when this node, leading, first appended an entry
+        self._last_seq: dict[str, str] = {}  # node -> newest proposal applied (a failover may copy one twice)
+        self._outbox: deque[tuple[str, str]] = deque()
+        self._wake = asyncio.Event()
+        self._seq = itertools.count()
+        self._tasks: set[asyncio.Task] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_action = None  # the engine's latest ScheduleTimer: the leader arms it
+        self._last_error = ""
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self._spawn(self._run())
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._disarm()
+        try:
+            await self.coord.close(release=True)
+        except CoordinatorError as exc:
+            LOG.warning("mesh: closing the coordinator: %s", exc)
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            LOG.error("mesh: %s failed: %r", task.get_coro().__name__, task.exception(), exc_info=task.exception())
+
+    def _say_once(self, message: str) -> None:
+        if message != self._last_error:
+            self._last_error = message
+            LOG.error("mesh: %s (jobs here keep running; retrying every %g s)", message, self.config.loop_wait)
+
+    async def _retry(self, what):
+        """Run `what()` until the store answers (local-first: nothing here waits on the mesh but the mesh)."""
+        while True:
+            try:
+                result = await what()
+                self._last_error = ""
+                return result
+            except CoordinatorError as exc:
+                self._say_once(str(exc))
+                await asyncio.sleep(self.config.loop_wait)
+
+    async def _run(self) -> None:
+        await self._retry(self.coord.start)
+        inv = self.daemon.gpus.inventory()
+        await self._retry(lambda: self.coord.register(Member(self.node, self.node, tuple(g.name for g in inv))))
+        revision = await self._retry(self._catch_up)
+        self.synced = True
+        self.daemon.mesh_synced()
+        self._spawn(self._flush())
+        self._spawn(self._follow(revision))
+        self._spawn(self._lead())
+        LOG.info("mesh: node %s joined (log at %d)", self.node, self.position)
+
+    # ---------------------------------------------------------------- the log
+
+    async def _catch_up(self) -> int:
+        listing = await self.coord.list("log/")
+        for key in sorted(listing.items, key=index_of):
+            self._apply_text(index_of(key), listing.items[key])
+        return listing.revision
+
+    async def _follow(self, revision: int) -> None:
+        while True:
+            try:
+                async for change in self.coord.watch("log/", since=revision):
+                    revision = change.revision
+                    if change.kind is ChangeKind.PUT:
+                        index = index_of(change.key)
+                        if index > self.position + 1:  # a gap: fill it from a listing
+                            revision = await self._retry(self._catch_up)
+                            break
+                        self._apply_text(index, change.value)
+                return
+            except CoordinatorError as exc:
+                self._say_once(f"following the log: {exc}")
+                revision = await self._retry(self._catch_up)
+
+    def _apply_text(self, index: int, text: str) -> None:
+        if index <= self.position:
+            return
+        try:
+            entry = Entry.from_json(text)
+        except LogError as exc:
+            LOG.error("mesh: log entry %d skipped: %s", index, exc)
+            self.position = index
+            return
+        node, _, seq = entry.proposal.rpartition("/")
+        if seq and seq <= self._last_seq.get(node, ""):
+            self.position = index  # a second copy of a proposal (appended again after a failover)
+            return
+        if seq:
+            self._last_seq[node] = seq
+        self.position = index
+        self.daemon.apply_entry(entry, index, act=index > self.durable)
+        self.durable = max(self.durable, index)
+
+    # ---------------------------------------------------------------- proposals
+
+    def propose(self, event: ev.Event, run: int | None = None, record: dict | None = None) -> None:
+        """Hand `event` to the leader (it waits in the outbox while there is no leader or no etcd)."""
+        seq = f"{time.time_ns():020d}{next(self._seq) % 1000:03d}"  # grows across restarts of this node
+        self._outbox.append((f"proposals/{self.node}/{seq}", Entry(event, self.node, run=run, record=record).to_json()))
+        self._wake.set()
+
+    async def _flush(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._outbox:
+                key, value = self._outbox[0]
+                try:
+                    await self.coord.put(key, value)
+                except CoordinatorError as exc:
+                    self._say_once(f"proposing: {exc}")
+                    await asyncio.sleep(self.config.loop_wait)
+                    continue
+                self._outbox.popleft()
+
+    # ---------------------------------------------------------------- leadership
+
+    async def _lead(self) -> None:
+        while True:
+            term = await self.coord.acquire_leadership()
+            if term is None:
+                who = await self._leader_name()
+                self.leader = who
+                await self.coord.wait_leader_change(self.config.loop_wait)
+                continue
+            self.term, self.leader = term, self.node
+            self.leaderships += 1
+            LOG.info("mesh: %s leads (term %d)", self.node, term)
+            self.daemon.leadership_changed()
+            sequencer = self._spawn(self._sequence(term))
+            watcher = self._spawn(self._watch_members(term))
+            try:
+                while self.coord.term == term and not sequencer.done():
+                    await asyncio.sleep(min(1.0, self.config.loop_wait))
+                    if await self.coord.renew_leadership() != term:
+                        break
+            finally:
+                sequencer.cancel()
+                watcher.cancel()
+                self._disarm()
+                self.term = None
+                LOG.warning("mesh: %s no longer leads (term %d)", self.node, term)
+                self.daemon.leadership_changed()
+
+    async def _leader_name(self) -> str | None:
+        try:
+            who = await self.coord.leader()
+        except CoordinatorError:
+            return None
+        return None if who is None else who.name
+
+    async def _sequence(self, term: int) -> None:
+        """Copy proposals into the log, in order, each write fenced by `term`."""
+        try:
+            listing = await self.coord.list("log/")
+            following = max((index_of(k) for k in listing.items), default=0)
+            while self.position < following:  # apply what the last leader wrote before deciding anything
+                await asyncio.sleep(0.01)
+            self.rearm()
+            props = await self.coord.list("proposals/")
+            for key in sorted(props.items):
+                following = await self._append(term, following, key, props.items[key])
+            async for change in self.coord.watch("proposals/", since=props.revision):
+                if change.kind is ChangeKind.PUT:
+                    following = await self._append(term, following, change.key, change.value)
+        except StaleTerm as exc:
+            LOG.warning("mesh: %s", exc)
+        except CoordinatorError as exc:
+            LOG.warning("mesh: sequencing stopped: %s", exc)
+
+    async def _append(self, term: int, last: int, key: str, value: str) -> int:
+        try:
+            entry = replace(Entry.from_json(value), time=time.time(), proposal=key.removeprefix("proposals/"))
+        except LogError as exc:
+            LOG.error("mesh: proposal %s dropped: %s", key, exc)
+            await self.coord.delete(f"proposals/{key.removeprefix('proposals/')}", term=term)
+            return last
+        await self.coord.put(log_key(last + 1), entry.to_json(), term=term)
+        if self.first_decision is None:
+            self.first_decision = time.time()
+        await self.coord.delete(f"proposals/{entry.proposal}", term=term)
+        return last + 1
+
+    async def _watch_members(self, term: int) -> None:
+        """Declare a node lost once its member entry has been gone for node_grace seconds."""
+        missing: dict[str, float] = {}
+        while True:
+            await asyncio.sleep(min(1.0, self.config.loop_wait))
+            try:
+                present = {m.name for m in await self.coord.members()}
+            except CoordinatorError:
+                continue
+            now = time.monotonic()
+            for name, node in self.daemon.engine.state.nodes.items():
+                if not node.alive or name in present:
+                    missing.pop(name, None)
+                    continue
+                since = missing.setdefault(name, now)
+                if now - since >= self.node_grace:
+                    LOG.warning("mesh: node %s gone for %.0f s: lost", name, now - since)
+                    self.propose(ev.NodeLost(f"lost-{name}-{int(time.time())}", name))
+                    missing[name] = now + 3600  # once; it is no longer alive when the entry applies
+
+    # ---------------------------------------------------------------- the engine's timer (leader only)
+
+    def timer_set(self, action) -> None:
+        self._timer_action = action
+        self.rearm()
+
+    def rearm(self) -> None:
+        self._disarm()
+        action = self._timer_action
+        if action is None or self.term is None:
+            return
+        delay = max(0.0, action.at - time.time())
+        self._timer = asyncio.get_running_loop().call_later(
+            delay, lambda: self.propose(ev.Tick(f"tick-{self.node}-{action.key}", action.key)))
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def view(self) -> dict:
+        return {"backend": self.config.backend, "leader": self.leader, "term": self.term, "synced": self.synced,
+                "log_position": self.position, "outbox": len(self._outbox), "leaderships": self.leaderships}
+
+
+def record_payload(rec) -> dict:
+    """What other nodes need of a job record to list and launch it (never its token-scrubbed env twice)."""
+    out = json.loads(rec.to_json())
+    for key in ("supervisor_pid", "supervisor_start", "state", "reason"):
+        out.pop(key, None)
+    return out
