@@ -43,7 +43,8 @@ class MeshLink:
         self.term: int | None = None
         self.leader: str | None = None
         self.leaderships = 0  # times this node became leader
-        self.first_decision: float | None = None  # when this node, leading, first appended an entry
+        self.led_since: float | None = None  # when this node's current leadership began
+        self.first_decision: float | None = None  # when this leadership first appended an entry
         self._last_seq: dict[str, str] = {}  # node -> newest proposal applied (a failover may copy one twice)
         self._outbox: deque[tuple[str, str]] = deque()
         self._wake = asyncio.Event()
@@ -184,6 +185,7 @@ class MeshLink:
                 continue
             self.term, self.leader = term, self.node
             self.leaderships += 1
+            self.first_decision, self.led_since = None, time.time()
             LOG.info("mesh: %s leads (term %d)", self.node, term)
             self.daemon.leadership_changed()
             sequencer = self._spawn(self._sequence(term))
@@ -197,7 +199,7 @@ class MeshLink:
                 sequencer.cancel()
                 watcher.cancel()
                 self._disarm()
-                self.term = None
+                self.term, self.leader = None, None
                 LOG.warning("mesh: %s no longer leads (term %d)", self.node, term)
                 self.daemon.leadership_changed()
 
@@ -282,7 +284,8 @@ class MeshLink:
 
     def view(self) -> dict:
         return {"backend": self.config.backend, "leader": self.leader, "term": self.term, "synced": self.synced,
-                "log_position": self.position, "outbox": len(self._outbox), "leaderships": self.leaderships}
+                "log_position": self.position, "outbox": len(self._outbox), "leaderships": self.leaderships,
+                "led_since": self.led_since, "first_decision": self.first_decision}
 
 
 def record_payload(rec) -> dict:
