@@ -1,0 +1,216 @@
+"""The mesh: meshd processes over a real etcd on loopback (daemon/mesh.py, daemon/eventlog.py).
+
+The end-to-end tests run 3 meshd processes on fake GPUs plus one etcd (ttl 3 s) and are marked slow; the
+codec and configuration tests are quick. Without the `etcd` binary the mesh tests are skipped with the line
+that says how to install it (.ci/run installs it).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from meshsched import events as ev
+from meshsched.daemon.config import ConfigError, load_config
+from meshsched.daemon.eventlog import LOGGED, Entry, LogError
+from meshsched.daemon.etcd_local import ETCD, NO_ETCD
+from meshsched.daemon.mesh_local import LocalMesh
+from meshsched.state import ExecConfig, JobSpec, NodeSpec
+from test_daemon_helpers import poll, remove, short_dir, start_meshd
+
+needs_etcd = pytest.mark.skipif(ETCD is None, reason=NO_ETCD)
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+# ------------------------------------------------------------------ the log's codec and the configuration
+
+def test_every_logged_event_survives_the_log():
+    spec = JobSpec("n1.4", 2, "resnet50", 64, 100, submit_time=5.0, name="x", user="u", deadline=9.0)
+    samples = [
+        ev.JobSubmitted("s", spec), ev.JobStarted("s", "j"), ev.IterationReport("s", "j", 3.0, 0.5),
+        ev.JobPaused("s", "j", 7.0), ev.JobFinished("s", "j"), ev.JobFailed("s", "j", "boom", requeue=True),
+        ev.CancelRequested("s", "j"), ev.NodeJoined("s", NodeSpec("n2", 4, "v100", 16384)), ev.NodeLost("s", "n2"),
+        ev.Tick("s", 3), ev.CheckpointSaved("s", "j", 5.0), ev.RankReport("s", "j", (0.1, 0.2)),
+        ev.ReconfigureApplied("s", "j", ExecConfig(micro_batch=16, accumulation=2, mps_percentage=50)),
+        ev.TotalDeclared("s", "j", 40),
+    ]
+    assert {type(e).__name__ for e in samples} == set(LOGGED)
+    for event in samples:
+        entry = Entry(event, "n1", 12.5, 2, {"job_id": "j"}, "n1/0001")
+        assert Entry.from_json(entry.to_json()) == entry
+
+
+def test_an_unreadable_entry_is_one_error():
+    with pytest.raises(LogError, match="unknown event type"):
+        Entry.from_json('{"e": {"type": "Evil"}, "n": "x"}')
+    with pytest.raises(LogError, match="unreadable"):
+        Entry.from_json("not json")
+    with pytest.raises(LogError, match="cannot cross the mesh"):
+        Entry(ev.ModelFitted("s", object()), "n1").to_json()
+
+
+def test_coordinator_table_and_environment(tmp_path):
+    cfg_file = tmp_path / "meshd.toml"
+    cfg_file.write_text('fake_gpus = 2\n[coordinator]\nbackend = "etcd"\nendpoints = ["http://10.0.0.1:2379"]\n'
+                        "ttl = 9\nloop_wait = 3\nretry_timeout = 3\n")
+    cfg = load_config(cfg_file, env={"MESHD_COORDINATOR_PREFIX": "/m2"})
+    assert (cfg.coordinator.backend, cfg.coordinator.endpoints, cfg.coordinator.ttl, cfg.coordinator.prefix) == (
+        "etcd", ("http://10.0.0.1:2379",), 9, "/m2")
+    assert load_config(tmp_path / "meshd.toml", env={}).node_grace == 60.0
+    cfg_file.write_text('[coordinator]\nbackend = "etcd"\nendpoints = ["ftp://x"]\n')
+    with pytest.raises(ConfigError, match=r"meshd.toml: coordinator.endpoints: 'ftp://x' is not http"):
+        load_config(cfg_file, env={})
+
+
+# ------------------------------------------------------------------ bad endpoints: one line, meshd serves
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["silent", "not-etcd"])
+def test_a_bad_endpoint_is_one_line_and_meshd_keeps_serving(tmp_path, kind):
+    port = _free_port()
+    server = None
+    if kind == "not-etcd":  # an HTTP server that is not etcd
+        server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+        poll(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, what="http.server")
+    state, runtime = short_dir(), short_dir()
+    conf = tmp_path / "meshd.toml"
+    conf.write_text(f'[coordinator]\nbackend = "etcd"\nendpoints = ["http://127.0.0.1:{port}"]\nttl = 3\n'
+                    "loop_wait = 1\nretry_timeout = 1\n")
+    log = tmp_path / "meshd.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "meshsched.daemon.main", "--config", str(conf), "--state-dir",
+                                 str(state), "--runtime-dir", str(runtime), "--fake-gpus", "2"],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        from meshsched.cli.client import Client, DaemonUnavailable
+
+        client = Client(runtime / "api.sock")
+
+        def serving():
+            try:
+                return client.call("GET", "/v1/health")["status"] == "running"
+            except DaemonUnavailable:
+                assert proc.poll() is None, log.read_text()
+                return False
+
+        poll(serving, what="meshd serving")
+        want = "does not answer" if kind == "silent" else "is not etcd"
+        poll(lambda: want in log.read_text(), what=f"the line '{want}'")
+        time.sleep(2.5)  # it retries every loop_wait: still one line, no traceback, still serving
+        text = log.read_text()
+        assert text.count(want) == 1 and "Traceback" not in text, text
+        assert client.call("GET", "/v1/health")["status"] == "running"
+        assert client.call("GET", "/v1/nodes")[0]["mesh"]["synced"] is False
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if server is not None:
+            server.kill()
+        remove(state, runtime)
+
+
+# ------------------------------------------------------------------ a mesh of three
+
+RANKS = """\
+import json, os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+out = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK")}
+out["sum"] = float(t.item())
+open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"]), "w").write(json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture
+def mesh():
+    if ETCD is None:
+        pytest.skip(NO_ETCD)
+    m = LocalMesh(Path(tempfile.mkdtemp(prefix="mesh")), nodes=3, gpus=2, ttl=3, node_grace=4.0)
+    try:
+        m.start()
+        for node in m.members:
+            m.wait_up(node)
+        poll(lambda: sum(n["alive"] for n in m.nodes_view(m.members[0])) == 3, what="three nodes joined")
+        yield m
+    finally:
+        m.stop()
+        remove(m.root, *(n.config.parent for n in m.members))
+
+
+def _submit(client, code_or_argv, gpus: int = 1, cwd: str = "/tmp") -> str:
+    argv = code_or_argv if isinstance(code_or_argv, list) else [sys.executable, "-c", code_or_argv]
+    return client.call("POST", "/v1/jobs", {"command": argv, "gpus": gpus, "cwd": cwd, "env": {}})["job_id"]
+
+
+def _states(client) -> dict[str, str]:
+    return {j["job_id"]: j["state"] for j in client.call("GET", "/v1/jobs")}
+
+
+@pytest.mark.slow
+def test_mesh_elects_one_leader_runs_a_job_across_nodes_and_survives_the_leaders_death(mesh, tmp_path):
+    leader = poll(mesh.leader, what="a leader")
+    views = [mesh.nodes_view(n) for n in mesh.members]
+    assert all(sum(v.get("leader", False) for v in view) == 1 for view in views)  # every node names the same one
+    assert {next(v["name"] for v in view if v["leader"]) for view in views} == {leader.name}
+    other = next(n for n in mesh.members if n is not leader)
+    client = mesh.client(other)
+    # a 4-rank job needs two 2-GPU nodes: one rank set, gloo across them
+    out = tmp_path / "ranks"
+    out.mkdir()
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS)
+    big = _submit(client, [sys.executable, str(script), str(out)], gpus=4, cwd=str(tmp_path))
+    poll(lambda: _states(client).get(big) in TERMINAL, timeout=120, what="the 4-GPU job ends")
+    assert _states(client)[big] == "COMPLETED"
+    import json
+
+    ranks = [json.loads((out / f"rank{r}").read_text()) for r in range(4)]
+    assert [r["RANK"] for r in ranks] == ["0", "1", "2", "3"] and {r["WORLD_SIZE"] for r in ranks} == {"4"}
+    assert {r["GROUP_RANK"] for r in ranks} == {"0", "1"} and {r["sum"] for r in ranks} == {10.0}
+    # kill -9 the leader: another takes over, a submit through a survivor runs, nothing is lost
+    running = _submit(client, "import time; time.sleep(4)")
+    poll(lambda: _states(client).get(running) == "RUNNING", what="a job running")
+    mesh.kill(leader)
+    after = _submit(client, "pass")
+    new = poll(lambda: (ld := mesh.leader()) is not None and ld is not leader and ld, timeout=30, what="a new leader")
+    assert new is not leader
+    poll(lambda: all(_states(client).get(j) == "COMPLETED" for j in (running, after)), timeout=60,
+         what="jobs through the failover complete")
+    # the dead node is declared lost after node_grace; started again it rejoins
+    poll(lambda: not next(n for n in mesh.nodes_view(other) if n["name"] == leader.name)["alive"], timeout=30,
+         what="the dead node counted lost")
+    mesh.launch(leader)
+    mesh.wait_up(leader)
+    poll(lambda: all(n["alive"] for n in mesh.nodes_view(other)), timeout=30, what="the node rejoined")
+    assert _states(mesh.client(leader)) == _states(client)  # it replayed the same log
+
+
+@pytest.mark.slow
+def test_etcd_down_running_jobs_finish_and_submits_run_later(mesh):
+    client = mesh.client(mesh.members[1])
+    running = _submit(client, "import time; time.sleep(6)")
+    poll(lambda: _states(client).get(running) == "RUNNING", what="a job running")
+    mesh.etcd.stop()
+    t0 = time.monotonic()
+    meanwhile = _submit(client, "pass")  # accepted into the local journal while etcd is away
+    assert _states(client)[meanwhile] == "PENDING"
+    time.sleep(max(0.0, 30 - (time.monotonic() - t0)))  # etcd down for 30 s
+    mesh.etcd.start()
+    poll(lambda: all(_states(client).get(j) == "COMPLETED" for j in (running, meanwhile)), timeout=60,
+         what="the running job and the submit made meanwhile complete")
+    assert "Traceback" not in mesh.log(mesh.members[1])
