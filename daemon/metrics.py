@@ -35,4 +35,19 @@ def render_metrics(daemon) -> str:
         if job.state.holds_gpus and job.step_time > 0:
             labels = f'job="{_esc(job.job_id)}",name="{_esc(job.spec.name)}"'
             lines.append(f"meshd_job_steps_per_second{{{labels}}} {1.0 / job.step_time:.6g}")
+    mesh = daemon.mesh
+    lines += [
+        "# HELP meshd_is_leader 1 while this daemon leads admission and preemption (always 1 on one server).",
+        "# TYPE meshd_is_leader gauge",
+        f'meshd_is_leader{{node="{_esc(node)}"}} {1 if mesh is None or mesh.term is not None else 0}',
+        "# HELP meshd_leader_term The current leadership's term (0: not leading; 1 on one server).",
+        "# TYPE meshd_leader_term gauge",
+        f'meshd_leader_term{{node="{_esc(node)}"}} {1 if mesh is None else mesh.term or 0}',
+        "# HELP meshd_leaderships_total Times this daemon became leader (each after the first is a failover).",
+        "# TYPE meshd_leaderships_total counter",
+        f'meshd_leaderships_total{{node="{_esc(node)}"}} {1 if mesh is None else mesh.leaderships}',
+        "# HELP meshd_mesh_log_position Entries of the mesh's event log this daemon has applied.",
+        "# TYPE meshd_mesh_log_position gauge",
+        f'meshd_mesh_log_position{{node="{_esc(node)}"}} {0 if mesh is None else mesh.position}',
+    ]
     return "\n".join(lines) + "\n"

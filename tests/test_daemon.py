@@ -114,6 +114,7 @@ async def test_job_socket_reports_and_peer_checks(daemon):
     assert "may speak only for job" in log.read_text()
     metrics = await _http(daemon, "/metrics")
     assert f'meshd_job_steps_per_second{{job="{rec.job_id}"' in metrics and "meshd_running_jobs" in metrics
+    assert 'meshd_is_leader{node="n1"} 1' in metrics  # one server leads itself
 
     # this test process belongs to no job: refused; garbage and oversized frames close only that connection
     for payload in (encode_frame({"type": "ping"}), HEADER.pack(10**9), HEADER.pack(3) + b"\xc1\xc1\xc1"):
