@@ -18,6 +18,8 @@ Defaults (documented in docs/daemon.md):
                  backoff * 2^(n-1) s, and fails after `limit` such exits
   log_max_mb     64: a rank's log past this size is rotated (newest half kept in rank<N>.log.1)
   node_grace     60 s (mesh only): a node whose member entry has been gone this long is lost; its jobs requeue
+  mesh_address   node_name (mesh only): the address (host name or IP) ranks on other nodes use as MASTER_ADDR
+                 when this node runs rank 0 of a job across nodes
   [coordinator]  a table of its own (or MESHD_COORDINATOR_<KEY>): `local` (default) or `etcd`, see
                  docs/coordinator.md
 """
@@ -76,6 +78,7 @@ class DaemonConfig:
     self_preempt_backoff: float = 1.0  # seconds before the first such requeue; doubles each time
     log_max_mb: float = 64.0  # per rank log; past it the newest half moves to rank<N>.log.1
     node_grace: float = 60.0  # (mesh) seconds a node may be gone before its jobs are requeued elsewhere
+    mesh_address: str = ""  # (mesh) where other nodes' ranks reach this node's rank 0 (default: node_name)
     coordinator: Any = None  # CoordinatorConfig; None: the embedded local coordinator
 
     @property

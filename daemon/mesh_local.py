@@ -46,7 +46,8 @@ class LocalMesh:
             node = MeshNode(f"n{i}", base / "s", base / "r", base / "meshd.toml")
             node.config.write_text(
                 f'node_name = "{node.name}"\nfake_gpus = {self.gpus}\npolicy = "{self.policy}"\n'
-                f"kill_grace = 1.0\nnode_grace = {self.node_grace}\n\n[coordinator]\nbackend = \"etcd\"\n"
+                f'kill_grace = 1.0\nnode_grace = {self.node_grace}\nmesh_address = "127.0.0.1"\n'
+                f"\n[coordinator]\nbackend = \"etcd\"\n"
                 f'endpoints = ["{self.etcd.url}"]\nttl = {self.ttl}\nloop_wait = {self.ttl / 3:g}\n'
                 f"retry_timeout = {self.ttl / 3:g}\n")
             self.members.append(node)

@@ -334,6 +334,7 @@ class NodeDaemon:
             master_port=_shared_port(rec.job_id, action.restart) if many else free_port(), restart=action.restart,
             socket=str(self.config.job_socket), first_rank=ranks[0], world_size=len(action.gpus),
             node_rank=nodes.index(self.config.node_name),
+            master_addr=self.mesh.addresses.get(nodes[0], nodes[0]) if many else "127.0.0.1",
             checkpoint_dir=str(Path(rec.job_dir) / "checkpoints"), grace=self.config.kill_grace,
             rank_envs=[self.mps.client_env(g, share=x.mps_percentage, mem_limit_mb=x.memory_limit_mb) for g in local],
         )
