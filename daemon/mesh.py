@@ -53,7 +53,7 @@ class MeshLink:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_action = None  # the engine's latest ScheduleTimer: the leader arms it
         self._last_error = ""
-        self.addresses: dict[str, str] = {}  # member -> the address its ranks listen on (MASTER_ADDR)
+        self.addresses: dict[str, str] = {}  # node -> where its ranks are reached (from its NodeJoined entry)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -102,14 +102,12 @@ class MeshLink:
         inv = self.daemon.gpus.inventory()
         address = self.daemon.config.mesh_address or self.node
         await self._retry(lambda: self.coord.register(Member(self.node, address, tuple(g.name for g in inv))))
-        self.addresses[self.node] = address
         revision = await self._retry(self._catch_up)
         self.synced = True
         self.daemon.mesh_synced()
         self._spawn(self._flush())
         self._spawn(self._follow(revision))
         self._spawn(self._lead())
-        self._spawn(self._watch_addresses())
         LOG.info("mesh: node %s joined (log at %d)", self.node, self.position)
 
     # ---------------------------------------------------------------- the log
@@ -265,14 +263,6 @@ class MeshLink:
                     LOG.warning("mesh: node %s gone for %.0f s: lost", name, now - since)
                     self.propose(ev.NodeLost(f"lost-{name}-{int(time.time())}", name))
                     missing[name] = now + 3600  # once; it is no longer alive when the entry applies
-
-    async def _watch_addresses(self) -> None:
-        while True:
-            try:
-                self.addresses.update({m.name: m.address for m in await self.coord.members()})
-            except CoordinatorError:
-                pass
-            await asyncio.sleep(self.config.loop_wait)
 
     # ---------------------------------------------------------------- the engine's timer (leader only)
 

@@ -639,6 +639,8 @@ class NodeDaemon:
         """One entry of the mesh's log, in log order, on every node (`act`: carry out its actions here; False
         while replaying what this node already did before a restart)."""
         e, jobs = entry.event, self.engine.state.jobs
+        if isinstance(e, ev.NodeJoined) and e.node.address:
+            self.mesh.addresses[e.node.name] = e.node.address
         if isinstance(e, ev.JobSubmitted):
             if e.spec.job_id in jobs:
                 return self._skip(index)
@@ -703,8 +705,9 @@ class NodeDaemon:
         node = state.nodes.get(self.config.node_name)
         if node is None or not node.alive:
             inv = self.gpus.inventory()
-            self._input(ev.NodeJoined(self._sid("join"), NodeSpec(self.config.node_name, len(inv), inv[0].name,
-                                                                  inv[0].memory_total_mb)))
+            spec = NodeSpec(self.config.node_name, len(inv), inv[0].name, inv[0].memory_total_mb,
+                            self.config.mesh_address or self.config.node_name)
+            self._input(ev.NodeJoined(self._sid("join"), spec))
         for job_id, outcome, pausing in self._pending_outcomes:
             job = state.jobs.get(job_id)
             if job is not None and job.state.holds_gpus and self._rank0_here(job_id, running=False):

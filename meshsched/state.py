@@ -280,6 +280,7 @@ class NodeSpec:
     gpus: int
     gpu_type: str
     gpu_memory_mb: int
+    address: str = ""  # where its ranks are reached from other nodes (a mesh's MASTER_ADDR); not for scheduling
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
