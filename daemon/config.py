@@ -20,6 +20,8 @@ Defaults (documented in docs/daemon.md):
   node_grace     60 s (mesh only): a node whose member entry has been gone this long is lost; its jobs requeue
   mesh_address   node_name (mesh only): the address (host name or IP) ranks on other nodes use as MASTER_ADDR
                  when this node runs rank 0 of a job across nodes
+  checkpoint_root  unset: a job's checkpoints live in its job dir; set it to storage every node mounts (a
+                 mesh) and a job requeued to another node resumes from its checkpoint there
   [coordinator]  a table of its own (or MESHD_COORDINATOR_<KEY>): `local` (default) or `etcd`, see
                  docs/coordinator.md
 """
@@ -79,6 +81,7 @@ class DaemonConfig:
     log_max_mb: float = 64.0  # per rank log; past it the newest half moves to rank<N>.log.1
     node_grace: float = 60.0  # (mesh) seconds a node may be gone before its jobs are requeued elsewhere
     mesh_address: str = ""  # (mesh) where other nodes' ranks reach this node's rank 0 (default: node_name)
+    checkpoint_root: Path | None = None  # jobs' checkpoints in <root>/<job id> (default: the job's own dir)
     coordinator: Any = None  # CoordinatorConfig; None: the embedded local coordinator
 
     @property

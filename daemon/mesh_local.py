@@ -47,6 +47,7 @@ class LocalMesh:
             node.config.write_text(
                 f'node_name = "{node.name}"\nfake_gpus = {self.gpus}\npolicy = "{self.policy}"\n'
                 f'kill_grace = 1.0\nnode_grace = {self.node_grace}\nmesh_address = "127.0.0.1"\n'
+                f'checkpoint_root = "{self.root / "checkpoints"}"\n'
                 f"\n[coordinator]\nbackend = \"etcd\"\n"
                 f'endpoints = ["{self.etcd.url}"]\nttl = {self.ttl}\nloop_wait = {self.ttl / 3:g}\n'
                 f"retry_timeout = {self.ttl / 3:g}\n")

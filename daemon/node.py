@@ -335,7 +335,7 @@ class NodeDaemon:
             socket=str(self.config.job_socket), first_rank=ranks[0], world_size=len(action.gpus),
             node_rank=nodes.index(self.config.node_name),
             master_addr=self.mesh.addresses.get(nodes[0], nodes[0]) if many else "127.0.0.1",
-            checkpoint_dir=str(Path(rec.job_dir) / "checkpoints"), grace=self.config.kill_grace,
+            checkpoint_dir=str(self._checkpoints(rec)), grace=self.config.kill_grace,
             rank_envs=[self.mps.client_env(g, share=x.mps_percentage, mem_limit_mb=x.memory_limit_mb) for g in local],
         )
         try:
@@ -348,6 +348,12 @@ class NodeDaemon:
         rec.pausing = False
         if ranks[0] == 0:
             self._input(ev.JobStarted(self._sid("spawned"), rec.job_id), action.restart + 1, queued=True)
+
+    def _checkpoints(self, rec: JobRecord) -> Path:
+        """Where the job's checkpoints live: its job dir, or `checkpoint_root/<id>` (shared storage in a mesh, so a
+        job requeued to another node resumes)."""
+        root = self.config.checkpoint_root
+        return Path(rec.job_dir) / "checkpoints" if root is None else root / rec.job_id
 
     def _sync(self, job_id: str, now: float) -> None:
         """Copy the engine's view of a job into its durable record and journal any transition."""

@@ -214,3 +214,46 @@ def test_etcd_down_running_jobs_finish_and_submits_run_later(mesh):
     poll(lambda: all(_states(client).get(j) == "COMPLETED" for j in (running, meanwhile)), timeout=60,
          what="the running job and the submit made meanwhile complete")
     assert "Traceback" not in mesh.log(mesh.members[1])
+
+
+RESUMING = """\
+import os, sys, time
+ck = os.path.join(os.environ["MESH_CHECKPOINT_DIR"], "progress")
+os.makedirs(os.path.dirname(ck), exist_ok=True)
+try:
+    step = int(open(ck).read())
+except (OSError, ValueError):
+    step = 0
+with open(sys.argv[1], "a") as f:
+    f.write(f"{step}\\n")
+while step < 30:
+    time.sleep(0.2)
+    step += 1
+    with open(ck + ".tmp", "w") as f:
+        f.write(str(step))
+    os.replace(ck + ".tmp", ck)
+"""
+
+
+@pytest.mark.slow
+def test_a_job_on_a_dead_server_resumes_from_its_checkpoint_on_another(mesh, tmp_path):
+    import os
+    import signal
+
+    script, starts = tmp_path / "resume.py", tmp_path / "starts"
+    script.write_text(RESUMING)
+    client = mesh.client(mesh.members[0])
+    job = _submit(client, [sys.executable, str(script), str(starts)], cwd=str(tmp_path))
+    poll(lambda: starts.exists() and _states(client).get(job) == "RUNNING", what="the job running")
+    progress = mesh.root / "checkpoints" / job / "progress"  # checkpoint_root is shared by the three nodes
+    poll(lambda: progress.exists() and int(progress.read_text() or 0) >= 5, what="five steps done")
+    where = next(j["node"] for j in client.call("GET", "/v1/jobs") if j["job_id"] == job)
+    dead = next(n for n in mesh.members if n.name == where)
+    mesh.kill(dead)  # the server dies: its meshd and the job's processes
+    for pidfile in dead.state.glob(f"jobs/{job}/supervisor.pid"):
+        os.killpg(int(pidfile.read_text().split()[0]), signal.SIGKILL)
+    alive = next(n for n in mesh.members if n is not dead)
+    poll(lambda: _states(mesh.client(alive)).get(job) == "COMPLETED", timeout=90, what="the job completes elsewhere")
+    first, second = (int(x) for x in starts.read_text().split())
+    assert first == 0 and second >= 5  # resumed, not started over
+    assert next(j["node"] for j in mesh.client(alive).call("GET", "/v1/jobs") if j["job_id"] == job) != where
