@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -67,13 +68,18 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--json", action="store_true", help="print every (setting, policy) result as one JSON list")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     tasks = [(s, p, str(a.out)) for s in a.settings.split(",") for p in a.policies.split(",")
              if not (a.out / f"{s}-{p}.json").exists()]
     with ProcessPoolExecutor(a.workers) as ex:
         for doc in ex.map(run_one, tasks):
-            print(doc["setting"], doc["policy"], f"JCT {doc['jct_mean_h']:.3f} h", f"{doc['sim_seconds']} s", flush=True)
+            print(doc["setting"], doc["policy"], f"JCT {doc['jct_mean_h']:.3f} h", f"{doc['sim_seconds']} s", flush=True,
+                  file=sys.stderr if a.json else sys.stdout)
+    if a.json:
+        print(json.dumps([json.loads(p.read_text()) for p in sorted(a.out.glob("*-*.json"))], indent=1))
+        return
     write_tables(a.out)
 
 

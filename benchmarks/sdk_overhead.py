@@ -116,6 +116,7 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=50.0)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args()
     import torch.multiprocessing as mp
 
@@ -131,6 +132,15 @@ def main() -> None:
     step_s = args.step_ms / 1000.0
     sdk = statistics.mean(res["sdk"])
     with_, without = statistics.mean(res["with"]), statistics.mean(res["without"])
+    if args.json:
+        print(json.dumps({
+            "world": args.world, "step_ms": args.step_ms, "steps_per_mode": len(res["with"]),
+            "report_frames": res["frames_sent"], "sdk_us_mean": round(sdk * 1e6, 1),
+            "sdk_us_p50": round(statistics.median(res["sdk"]) * 1e6, 1), "sdk_us_max": round(max(res["sdk"]) * 1e6, 1),
+            "sdk_share_of_step": round(sdk / step_s, 5), "step_ms_with_sdk": round(with_ * 1e3, 3),
+            "step_ms_without_sdk": round(without * 1e3, 3),
+            "checkpoint_ms_p50": round(statistics.median(res["checkpoint_ms"]), 2)}, indent=1))
+        return
     print(f"world={args.world} step={args.step_ms:.0f} ms, {len(res['with'])} steps per mode, "
           f"{res['frames_sent']} report frames from rank 0")
     print(f"SDK calls per step (rank 0): mean {sdk * 1e6:.0f} us, p50 {statistics.median(res['sdk']) * 1e6:.0f} us, "
