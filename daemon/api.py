@@ -1,8 +1,11 @@
 """meshd's HTTP API (aiohttp) on a Unix socket for `mesh`, optionally on TCP with a bearer token.
 
-Routes: GET /v1/health, GET/POST /v1/jobs (?all=0|1; ?brief=1: the squeue columns only), GET /v1/jobs/{id},
-POST /v1/jobs/{id}/cancel, GET /v1/jobs/{id}/logs?rank=N&offset=B, GET /v1/jobs/{id}/explain, GET /v1/nodes,
-GET /metrics.
+Routes: GET /v1/health, GET/POST /v1/jobs (?all=0|1; ?brief=1: the squeue columns only; ?job=ID[,ID]: those
+jobs or arrays only), GET /v1/jobs/{id}, POST /v1/jobs/{id}/cancel|hold|release|requeue (an array id: every
+task), GET /v1/jobs/{id}/wait?timeout=S (until the job or every task of the array ended; long poll),
+GET /v1/jobs/{id}/logs?rank=N&offset=B, GET /v1/jobs/{id}/explain, GET /v1/nodes, GET /metrics.
+POST /v1/jobs takes job control's fields besides SubmitRequest's (daemon/jobcontrol.py): one request submits
+a whole array.
 Errors are JSON {"error": "..."} with a 4xx status; a full disk is 507 and any other failure to write
 meshd's state 503, each with one line saying so -- never aiohttp's bare 500.
 """
@@ -22,12 +25,14 @@ from pathlib import Path
 
 from aiohttp import web
 
+from meshsched.daemon.jobcontrol import PLAIN, TERMINAL, ControlRequest
 from meshsched.daemon.jobsock import PEERCRED
 from meshsched.daemon.metrics import render_metrics
 from meshsched.protocol import SubmitRequest
 
 DAEMON_KEY = web.AppKey("daemon", object)
 LOG_CHUNK = 1 << 20
+MAX_WAIT = 300.0  # seconds one wait request may block
 LOG = logging.getLogger("meshd")
 
 
@@ -68,19 +73,25 @@ async def health(request: web.Request) -> web.Response:
 async def list_jobs(request: web.Request) -> web.Response:
     d = request.app[DAEMON_KEY]
     include_done = request.query.get("all", "1") != "0"
-    if request.query.get("brief") == "1":  # the squeue columns only (`mesh ls`)
-        return web.json_response(d.list_brief(include_done), dumps=_compact)
-    return web.json_response(d.list_jobs(include_done))
+    brief = request.query.get("brief") == "1"  # the squeue columns only (`mesh ls`)
+    jobs = d.list_brief(include_done) if brief else d.list_jobs(include_done)
+    if request.query.get("job"):  # some jobs (an array id: its tasks)
+        wanted = {r.job_id for j in request.query["job"].split(",") for r in d.control.targets(j)}
+        jobs = [j for j in jobs if j["job_id"] in wanted]
+    return web.json_response(jobs, dumps=_compact) if brief else web.json_response(jobs)
 
 
 async def submit(request: web.Request) -> web.Response:
     d = request.app[DAEMON_KEY]
     try:
-        req = SubmitRequest.from_json(await request.json())
-        rec = d.submit(req, _peer_user(request))
+        ctl, body = ControlRequest.split(await request.json())
+        req = SubmitRequest.from_json(body)
+        if ctl is PLAIN:
+            return web.json_response(d.job_view(d.submit(req, _peer_user(request))), status=201)
+        answer, status = d.control.submit(req, ctl, _peer_user(request))
     except ValueError as exc:  # RequestError, SubmitError, bad JSON, JobSpec validation
         return _error(400, str(exc))
-    return web.json_response(d.job_view(rec), status=201)
+    return web.json_response(answer, status=status)
 
 
 async def show(request: web.Request) -> web.Response:
@@ -91,9 +102,47 @@ async def show(request: web.Request) -> web.Response:
 
 
 async def cancel(request: web.Request) -> web.Response:
+    d = request.app[DAEMON_KEY]
+    job_id = request.match_info["job_id"]
+    if job_id not in d.records and d.control.targets(job_id):  # an array: every task of it
+        tasks = []
+        with d.journal.batch():
+            for rec in d.control.targets(job_id):
+                before = rec.state
+                tasks.append({"job_id": rec.job_id, "state": d.cancel(rec.job_id).state, "previous_state": before})
+        return web.json_response({"array_id": job_id, "tasks": tasks})
     d, rec = _record(request)
     before = rec.state  # `mesh cancel` says when the job had already ended and nothing was done
     return web.json_response(dict(d.job_view(d.cancel(rec.job_id)), previous_state=before))
+
+
+async def control(request: web.Request) -> web.Response:
+    """hold / release / requeue a job, or every task of an array it applies to."""
+    d = request.app[DAEMON_KEY]
+    job_id, action = request.match_info["job_id"], request.match_info["action"]
+    try:
+        done = getattr(d.control, action)(job_id)
+    except LookupError as exc:
+        return _error(404, str(exc.args[0]))
+    except ValueError as exc:
+        return _error(409, str(exc))
+    return web.json_response({"job_ids": done})
+
+
+async def wait(request: web.Request) -> web.Response:
+    """Answer once the job (every task of the array) ended, or after ?timeout= seconds: {"done", "jobs"}."""
+    d = request.app[DAEMON_KEY]
+    job_id = request.match_info["job_id"]
+    recs = d.control.targets(job_id)
+    if not recs:
+        return _error(404, f"unknown job {job_id[:64]}")
+    try:
+        timeout = min(MAX_WAIT, max(0.0, float(request.query.get("timeout", "30"))))
+    except ValueError:
+        return _error(400, "timeout must be a number of seconds")
+    await d.control.wait(recs, timeout)
+    return web.json_response({"done": all(r.state in TERMINAL for r in recs), "jobs": [
+        {"job_id": r.job_id, "state": r.state, "reason": r.reason, "exit_code": r.exit_code} for r in recs]})
 
 
 async def explain(request: web.Request) -> web.Response:
@@ -175,6 +224,8 @@ def make_app(daemon) -> web.Application:
     app.router.add_post("/v1/jobs", submit)
     app.router.add_get("/v1/jobs/{job_id}", show)
     app.router.add_post("/v1/jobs/{job_id}/cancel", cancel)
+    app.router.add_post("/v1/jobs/{job_id}/{action:hold|release|requeue}", control)
+    app.router.add_get("/v1/jobs/{job_id}/wait", wait)
     app.router.add_get("/v1/jobs/{job_id}/logs", logs)
     app.router.add_get("/v1/jobs/{job_id}/explain", explain)
     app.router.add_get("/v1/nodes", nodes)

@@ -74,6 +74,17 @@ class JobRecord:
     iterations_given: bool = True  # by `mesh submit --iters`; False: the script's declared total replaces it
     cancelling: bool = False  # a cancel was asked for: CANCELLED once every process of the job is gone
     self_preempts: int = 0  # exits with the resumable code that no preemption asked for
+    # job control (daemon/jobcontrol.py)
+    array_id: str = ""  # the array it is a task of; its job_id is ARRAY_TASK
+    array_task: int | None = None
+    array_limit: int = 0  # at most this many tasks of its array queued or running at once (0: no limit)
+    dependency: list = field(default_factory=list)  # [[kind, job_id], ...] as resolved at submit
+    time_limit: float | None = None  # seconds per run
+    time_limit_at: float | None = None  # when the current run exceeds it (re-armed after a meshd restart)
+    held: bool = False  # a user hold
+    output: str = ""  # absolute paths the patterns of --output / --error expanded to ("" : none)
+    error: str = ""
+    exit_code: int | None = None  # the job's exit code once it ended (a failed rank's; 0 when completed)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

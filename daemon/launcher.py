@@ -48,6 +48,7 @@ class Outcome:
 
     status: str  # completed | failed | terminated | preempted | lost
     reason: str
+    exit_code: int | None = None  # a failed rank's exit code (negative: its signal), 0 when completed
 
 
 def proc_start_time(pid: int) -> str | None:
@@ -72,7 +73,8 @@ def free_port() -> int:
 def read_outcome(job_dir: Path) -> Outcome:
     try:
         data = json.loads((job_dir / "result.json").read_text())
-        return Outcome(str(data["status"]), str(data.get("reason") or ""))
+        code = data.get("exit_code")
+        return Outcome(str(data["status"]), str(data.get("reason") or ""), code if isinstance(code, int) else None)
     except (OSError, ValueError, KeyError):
         from meshsched.daemon.supervisor import tail
 

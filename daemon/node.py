@@ -28,6 +28,7 @@ from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigu
 from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.dirs import highest_job_dir, private_dir
 from meshsched.daemon.gpus import GpuBackend, open_backend
+from meshsched.daemon.jobcontrol import JobControl, control_spec
 from meshsched.daemon.journal import Journal, JobRecord
 from meshsched.daemon.launcher import Launcher, Outcome, free_port, read_outcome
 from meshsched.daemon.mps import MpsManager, open_mps
@@ -88,6 +89,7 @@ class NodeDaemon:
                           Reconfigure: self._reconfigure, ScheduleTimer: self._arm_timer, FitModel: self._fit}
         check_handlers("meshd", self._handlers)
         self._id_floor = 1  # new job ids continue past every existing job directory
+        self.control = JobControl(self)  # arrays, dependencies, time limits, hold/release/requeue, --wait
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -191,6 +193,7 @@ class NodeDaemon:
             touched.append(jid)
         with self.journal.batch():
             actions = self.engine.handle(event, now)
+            touched += self.engine.settled  # jobs job control queued, blocked or cancelled in passing
             for action in actions:
                 if isinstance(action, Action):
                     touched.append(action.job_id)
@@ -288,6 +291,7 @@ class NodeDaemon:
         spec = LaunchSpec(
             job_id=rec.job_id, command=rec.command, cwd=rec.cwd, env=env, local_gpus=local,
             master_port=free_port(), restart=action.restart, socket=str(self.config.job_socket),
+            output=rec.output, error=rec.error,
             checkpoint_dir=str(Path(rec.job_dir) / "checkpoints"), grace=self.config.kill_grace,
             rank_envs=[self.mps.client_env(g, share=x.mps_percentage, mem_limit_mb=x.memory_limit_mb) for g in local],
         )
@@ -323,6 +327,7 @@ class NodeDaemon:
             rec.end_time = now
         if not job.state.holds_gpus:  # a re-adopted PAUSING job is RUNNING to the engine: keep the flag
             rec.pausing = False
+        self.control.synced(rec, job, old)
         if old != rec.state:
             self.journal.transition(job_id, now, rec.state, rec.reason)
             why = f" ({rec.reason})" if rec.reason else ""
@@ -370,6 +375,7 @@ class NodeDaemon:
         """A job's supervisor ended: turn its outcome into the engine event it means."""
         rec = self.records[job_id]
         rec.supervisor_pid, rec.supervisor_start = 0, ""
+        rec.exit_code = outcome.exit_code
         self._forget_run(job_id)
         job = self.engine.state.jobs.get(job_id)
         if job is None or not job.state.holds_gpus:
@@ -437,15 +443,15 @@ class NodeDaemon:
             self.records[rec.job_id] = rec
             if rec.state in TERMINAL:
                 continue
-            spec = _spec(rec)
+            spec, held = self.control.recovered(rec)
             if rec.gpus > ngpus:
                 self.dispatch(ev.JobRestored(self._sid("restore"), spec, rec.restarts > 0,
-                                             rec.checkpoint_iterations, rec.restarts))
+                                             rec.checkpoint_iterations, rec.restarts, held))
                 continue
             if rec.state in HOLDING and rec.assigned and max(rec.assigned) < ngpus:
                 adopt = ev.JobAdopted(self._sid("adopt"), spec, tuple(rec.assigned), rec.done_iterations,
                                       rec.checkpoint_iterations, rec.restarts,
-                                      ExecConfig.from_dict(rec.exec) if rec.exec else None)
+                                      ExecConfig.from_dict(rec.exec) if rec.exec else None, rec.time_limit_at)
                 job_dir = Path(rec.job_dir)
                 if self.launcher.adopt(rec.job_id, rec.supervisor_pid, rec.supervisor_start, job_dir):
                     self.dispatch(adopt)
@@ -470,7 +476,7 @@ class NodeDaemon:
             if orphan is not None:
                 LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
             self.dispatch(ev.JobRestored(self._sid("restore"), spec, rec.restarts > 0,
-                                         rec.checkpoint_iterations, rec.restarts))
+                                         rec.checkpoint_iterations, rec.restarts, held))
         for event in outcomes:
             self.dispatch(event)
         self.dispatch(ev.RecoveryDone(self._sid("recovered")))
@@ -676,4 +682,5 @@ def _spec(rec: JobRecord) -> JobSpec:
     return JobSpec(
         job_id=rec.job_id, gpus=rec.gpus, model=rec.model, batch_size=rec.batch_size, iterations=rec.iterations,
         submit_time=rec.submit_time, name=rec.name, user=rec.user, deadline=rec.deadline, guaranteed=rec.guaranteed,
+        **control_spec(rec),
     )

@@ -14,6 +14,9 @@ process left in its session or re-parented to it is gone -- so its exit means th
 A SIGTERM that arrives while ranks are being spawned stops the ranks already started and spawns no more.
 A rank's log is capped at `log_max_bytes`: past it, the newest half moves to rank<N>.log.1 and the log
 starts again (a marker line says so).
+With `output` (and `error`) set (`mesh submit --output/--error`), each rank's stdout (stderr) goes through a
+pipe the supervisor copies both to its rank log and, appended, to that file; without them the ranks write
+their logs directly, as before.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class LaunchSpec:
     grace: float
     rank_envs: list[dict[str, str]] = field(default_factory=list)  # per rank, e.g. its GPU's MPS server
     log_max_bytes: int = LOG_MAX_BYTES  # per rank log; rotated once past it
+    output: str = ""  # a file every rank's stdout is also appended to ("": only the rank logs)
+    error: str = ""  # the same for stderr ("": with stdout)
 
     @classmethod
     def load(cls, path: Path) -> LaunchSpec:
@@ -157,25 +162,68 @@ class Supervisor:
         self.signalled: set[int] = set()  # ranks that got SIGTERM
         self.stopping = False
         self.terminated = False
+        self.tees: dict[int, tuple[int, int]] = {}  # read end of a rank's pipe -> (its rank log, the user's file)
 
     def start(self) -> None:
         logs = self.job_dir / "logs"
         logs.mkdir(mode=0o700, exist_ok=True)
         Path(self.spec.checkpoint_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         me = os.getpid()
+        files = self._open_files()
         for rank in range(len(self.spec.local_gpus)):
             if self.stopping:  # SIGTERM while spawning: start no more ranks
                 break
             fd = os.open(logs / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with open(fd, "ab") as out:
+            if files is None:
+                with open(fd, "ab") as out:
+                    p = subprocess.Popen(
+                        self.spec.command, cwd=self.spec.cwd, env=rank_env(self.spec, rank),
+                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with(me),
+                    )
+            else:
                 p = subprocess.Popen(
-                    self.spec.command, cwd=self.spec.cwd, env=rank_env(self.spec, rank),
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with(me),
+                    self.spec.command, cwd=self.spec.cwd, env=rank_env(self.spec, rank), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE if files[1] != files[0] else subprocess.STDOUT,
+                    preexec_fn=_die_with(me),
                 )
+                self.tees[p.stdout.fileno()] = (fd, files[0])
+                if p.stderr is not None:
+                    self.tees[p.stderr.fileno()] = (os.dup(fd), files[1])
             self.procs[p.pid] = p
             self.rank_of[p.pid] = rank
             if self.stopping:  # the SIGTERM came while this rank was being spawned: pass it on
                 self._term_live()
+
+    def _open_files(self) -> tuple[int, int] | None:
+        """The user's --output / --error files, opened for appending (None when neither was asked for)."""
+        out, err = self.spec.output, self.spec.error
+        if not out and not err:
+            return None
+        fds = {}
+        for path in dict.fromkeys(p for p in (out, err) if p):
+            try:
+                fds[path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise SystemExit(f"cannot open {path}: {exc.strerror}") from None
+        if not out:  # --error alone: stdout only to the rank logs
+            fds[""] = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        return fds[out], fds[err or out]
+
+    def copy_output(self, ready: list[int]) -> None:
+        """Copy what the ranks wrote to their pipes into their logs and the user's files; close at EOF."""
+        for fd in ready:
+            log, user = self.tees[fd]
+            data = os.read(fd, 1 << 16)
+            if not data:
+                del self.tees[fd]
+                os.close(fd)
+                os.close(log)
+                continue
+            for out in (log, user):
+                try:
+                    os.write(out, data)
+                except OSError:
+                    pass  # a full disk loses output, never the job
 
     def _term_live(self) -> None:
         for pid, p in self.procs.items():
@@ -214,7 +262,9 @@ class Supervisor:
         pidfds = {pid: os.pidfd_open(pid) for pid in self.procs}
         logs = [self.job_dir / "logs" / f"rank{r}.log" for r in range(len(self.spec.local_gpus))]
         while pidfds:
-            select.select(list(pidfds.values()), [], [], POLL)
+            ready = select.select(list(pidfds.values()) + list(self.tees), [], [], POLL)[0]
+            if self.tees:
+                self.copy_output([fd for fd in ready if fd in self.tees])
             for log in logs:
                 rotate_log(log, self.spec.log_max_bytes)
             for pid in list(pidfds):
@@ -239,6 +289,15 @@ class Supervisor:
                     }
                     self.stop_all()
         self.clean_up()
+        for fd in list(self.tees):  # every process of the job is gone: the pipes hold the last of its output
+            os.set_blocking(fd, False)
+            try:
+                while fd in self.tees:
+                    self.copy_output([fd])
+            except BlockingIOError:  # a writer outlived the clean-up: what it writes later is dropped
+                log, _ = self.tees.pop(fd)
+                os.close(fd)
+                os.close(log)
         if self.terminated:
             result = {"status": "terminated", "rank": None, "exit_code": None, "reason": "terminated"}
         elif preempted and failure is None:
@@ -282,7 +341,15 @@ class Supervisor:
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python -m meshsched.daemon.supervisor JOB_DIR")
-    sys.exit(Supervisor(Path(sys.argv[1])).run())
+    job_dir = Path(sys.argv[1])
+    try:
+        sup = Supervisor(job_dir)
+        sys.exit(sup.run())
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # a job that cannot start (its --output cannot be opened): it failed
+            write_result(job_dir, {"status": "failed", "rank": None, "exit_code": 1, "reason": exc.code})
+            sys.exit(1)
+        raise
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ ScheduleTimer), then through meshd's API and the `mesh` command line (arrays, --
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from meshsched import events as ev
@@ -189,3 +191,153 @@ def test_plain_jobs_take_none_of_the_job_control_paths():
     out = submit(h, "a", 0.0)
     assert launched(out) == ["a"] and not [a for a in out if isinstance(a, ScheduleTimer)]
     assert h.engine._blocked == {} and h.engine._limits == {}
+
+
+# ------------------------------------------------------------------------------------------ meshd and `mesh`
+
+from tests.test_cli_jobs import mesh, served  # noqa: E402,F401  (fixtures: a meshd in a thread, `mesh` in-process)
+from tests.test_daemon_helpers import poll  # noqa: E402
+
+from meshsched.cli.jobs import parse_time_limit  # noqa: E402
+from meshsched.daemon.jobcontrol import expand_pattern, parse_array, parse_dependency  # noqa: E402
+from meshsched.protocol import RequestError  # noqa: E402
+
+SLEEPS = "import os, sys, time\nprint('task', os.environ.get('MESH_ARRAY_TASK_ID'), flush=True)\n" \
+         "time.sleep(float(sys.argv[1]))\nsys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)\n"
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "job.py"
+    path.write_text(SLEEPS)
+    return str(path)
+
+
+def states(d, ids) -> list[str]:
+    return [d.records[i].state for i in ids]
+
+
+def test_formats():
+    assert parse_array("0-299") == (tuple(range(300)), 0)
+    assert parse_array("1,3,5-7%2") == ((1, 3, 5, 6, 7), 2)
+    assert parse_array("0-15:4") == ((0, 4, 8, 12), 0)
+    for bad in ("", "5-1", "a-b", "0-3%0", "0-3%x", "-1", "0-20000"):
+        with pytest.raises(RequestError):
+            parse_array(bad)
+    assert parse_dependency("afterok:3:4,afterany:5_1") == (
+        (OK, "3"), (OK, "4"), (ANY, "5_1"))
+    for bad in ("after:3", "afterok", "afterok:", "3"):
+        with pytest.raises(RequestError):
+            parse_dependency(bad)
+    assert [parse_time_limit(t) for t in ("90", "1:30", "1:30:00", "2-3", "1-0:01", "1-00:00:05")] == [
+        5400, 90, 5400, 2 * 86400 + 3 * 3600, 86400 + 60, 86405]
+    for bad in ("", "x", "1:2:3:4", "0", "-5", "1-"):
+        with pytest.raises(SystemExit):
+            parse_time_limit(bad)
+    assert expand_pattern("o-%A_%a-%j.%u.%x.%%", job_id="7_2", array_id="7", task=2, user="ann", name="t") == \
+        "o-7_2-7_2.ann.t.%"
+    assert expand_pattern("%A-%a", job_id="9", array_id="", task=None, user="u", name="n") == "9-"
+    with pytest.raises(RequestError):
+        expand_pattern("%q", job_id="1", array_id="", task=None, user="u", name="n")
+
+
+def test_an_array_is_one_request_with_distinct_tasks_and_their_task_ids(served, mesh, script, tmp_path):
+    r = mesh("submit", script, "--array", "0-5%2", "--json", "--", "0.2")
+    assert r.exit_code == 0, r.output
+    answer = json.loads(r.stdout)
+    array, ids = answer["array_id"], answer["job_ids"]
+    assert ids == [f"{array}_{t}" for t in range(6)] and answer["tasks"] == 6
+    listed = mesh("ls", array).stdout
+    assert "JobArrayTaskLimit" in listed  # %2: four tasks wait for a slot although GPUs are free
+    poll(lambda: set(states(served, ids)) == {"COMPLETED"}, what="every task completed")
+    for t, job_id in enumerate(ids):
+        assert mesh("logs", job_id).stdout.strip() == f"task {t}"
+    history = sorted((served.records[i].start_time, served.records[i].end_time) for i in ids)
+    for k, (start, _) in enumerate(history):  # never more than two at once
+        assert sum(1 for s, e in history if s <= start < e) <= 2, history
+    assert len(json.loads(mesh("ls", array, "--json").stdout)) == 6
+
+
+def test_cancel_an_array_cancels_every_task(served, mesh, script):
+    r = mesh("submit", script, "--array", "1,3,5-7", "--", "60")
+    assert r.exit_code == 0 and r.stdout.startswith("Submitted array job"), r.output
+    array = r.stdout.split()[3]
+    ids = [f"{array}_{t}" for t in (1, 3, 5, 6, 7)]
+    poll(lambda: states(served, ids).count("RUNNING") == 4, what="four tasks running")
+    r = mesh("cancel", array)
+    assert r.exit_code == 0 and "cancelled 5 task(s)" in r.stdout, r.output
+    poll(lambda: set(states(served, ids)) == {"CANCELLED"}, what="every task cancelled")
+    r = mesh("cancel", array)
+    assert r.exit_code == 3 and "5 had already ended" in r.stdout
+
+
+def test_dependencies_wait_then_run_or_are_cancelled(served, mesh, script):
+    first = mesh("submit", script, "--", "1").stdout.split()[-1]
+    bad = mesh("submit", script, "--", "0.2", "3").stdout.split()[-1]
+    ok = mesh("submit", script, "--dependency", f"afterok:{first}", "--", "0").stdout.split()[-1]
+    never = mesh("submit", script, "-d", f"afterok:{bad}", "--", "0").stdout.split()[-1]
+    notok = mesh("submit", script, "-d", f"afternotok:{bad},afterany:{first}", "--", "0").stdout.split()[-1]
+    lines = {ln.split()[0]: ln for ln in mesh("ls").stdout.splitlines()[1:]}
+    assert "(Dependency)" in lines[ok]
+    poll(lambda: states(served, [first, bad, ok, never, notok]) ==
+         ["COMPLETED", "FAILED", "COMPLETED", "CANCELLED", "COMPLETED"], what="the chain settled")
+    assert served.records[never].reason == "DependencyNeverSatisfied"
+    r = mesh("submit", script, "-d", "afterok:999", "--", "0")
+    assert r.exit_code == 1 and "no job or array 999" in r.stderr and "Traceback" not in r.output
+
+
+def test_a_time_limit_ends_the_job_as_timeout(served, mesh, script):
+    r = mesh("submit", script, "--time", "0:01", "--", "60")
+    job = r.stdout.split()[-1]
+    poll(lambda: served.records[job].state == "TIMEOUT", timeout=20, what="TIMEOUT")
+    rec = served.records[job]
+    assert rec.reason == "TimeLimit" and 0.9 < rec.end_time - rec.start_time < 15
+    assert not served.launcher.running(job)
+
+
+def test_hold_release_requeue(served, mesh, script):
+    held = mesh("submit", script, "--hold", "--", "30").stdout.split()[-1]
+    lines = mesh("ls").stdout
+    assert "(JobHeldUser)" in lines
+    r = mesh("requeue", held)
+    assert r.exit_code == 1 and "requeue takes a running job" in r.stderr
+    assert mesh("release", held).exit_code == 0
+    poll(lambda: served.records[held].state == "RUNNING", what="released job running")
+    r = mesh("hold", held)
+    assert r.exit_code == 1 and "cannot hold" in r.stderr and "RUNNING" in r.stderr
+    pid = served.records[held].supervisor_pid
+    assert mesh("requeue", held).exit_code == 0
+    poll(lambda: served.records[held].state == "RUNNING" and served.records[held].supervisor_pid not in (0, pid),
+         what="requeued and started again")
+    assert served.records[held].restarts == 2
+    assert mesh("cancel", held).exit_code == 0
+
+
+def test_submit_wait_exits_with_the_jobs_code(served, mesh, script):
+    r = mesh("submit", script, "--wait", "--", "0.3", "5")
+    assert r.exit_code == 5 and "ended FAILED" in r.stderr, r.output
+    r = mesh("submit", script, "--wait", "--array", "0-2", "--", "0.1")
+    assert r.exit_code == 0, r.output
+
+
+def test_output_and_error_patterns(served, mesh, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "talk.py"
+    script.write_text("import os, sys\nprint('out', os.environ['RANK'])\nprint('err', os.environ['RANK'], "
+                      "file=sys.stderr)\n")
+    r = mesh("submit", str(script), "--gpus", "2", "--name", "talk", "--array", "4", "--wait",
+             "-o", str(tmp_path / "o-%A-%a-%x.txt"), "-e", "e-%j.txt")
+    assert r.exit_code == 0, r.output
+    array = r.stdout.split()[3]
+    out = (tmp_path / f"o-{array}-4-talk.txt").read_text()
+    assert sorted(out.splitlines()) == ["out 0", "out 1"]
+    err = (tmp_path / f"e-{array}_4.txt").read_text()  # relative to the submit's working directory
+    assert sorted(err.splitlines()) == ["err 0", "err 1"]
+    job_dir = served.records[f"{array}_4"].job_dir
+    from pathlib import Path
+
+    assert sorted((Path(job_dir) / "logs" / "rank1.log").read_text().splitlines()) == ["err 1", "out 1"]
+    r = mesh("submit", str(script), "--wait", "-o", str(tmp_path / "no" / "such" / "%j"))
+    assert r.exit_code == 1 and "cannot open" in r.stderr
+    r = mesh("submit", str(script), "-o", "x-%z")
+    assert r.exit_code == 1 and "%z is not known" in r.stderr
