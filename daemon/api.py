@@ -17,7 +17,6 @@ import hmac
 import json
 import logging
 import os
-import pwd
 import socket
 import sqlite3
 from collections.abc import Awaitable, Callable
@@ -26,7 +25,7 @@ from pathlib import Path
 from aiohttp import web
 
 from meshsched.daemon.jobcontrol import PLAIN, TERMINAL, ControlRequest
-from meshsched.daemon.jobsock import PEERCRED
+from meshsched.daemon import users
 from meshsched.daemon.metrics import render_metrics
 from meshsched.protocol import SubmitRequest
 
@@ -45,14 +44,7 @@ def _error(status: int, message: str) -> web.Response:
 
 
 def _peer_user(request: web.Request) -> str:
-    sock = request.transport.get_extra_info("socket") if request.transport else None
-    if sock is not None and sock.family == socket.AF_UNIX:
-        _, uid, _ = PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
-        try:
-            return pwd.getpwuid(uid).pw_name
-        except KeyError:
-            return str(uid)
-    return "remote"
+    return users.peer(request).name
 
 
 def _record(request: web.Request):
@@ -86,9 +78,10 @@ async def submit(request: web.Request) -> web.Response:
     try:
         ctl, body = ControlRequest.split(await request.json())
         req = SubmitRequest.from_json(body)
-        if ctl is PLAIN:
-            return web.json_response(d.job_view(d.submit(req, _peer_user(request))), status=201)
-        answer, status = d.control.submit(req, ctl, _peer_user(request))
+        who = users.peer(request)
+        if ctl is PLAIN and who.operator:
+            return web.json_response(d.job_view(d.submit(req, who.name)), status=201)
+        answer, status = d.control.submit(req, ctl, who.name, None if who.operator else who.uid)
     except ValueError as exc:  # RequestError, SubmitError, bad JSON, JobSpec validation
         return _error(400, str(exc))
     return web.json_response(answer, status=status)
@@ -165,13 +158,16 @@ async def logs(request: web.Request) -> web.Response:
     data, size = b"", 0
     truncated = False
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
+        with open(path, "rb", opener=_no_follow) as fh:
+            st = os.fstat(fh.fileno())
+            if rec.uid is not None and st.st_uid != rec.uid:  # a link its user planted to someone else's file
+                return _error(403, f"job {rec.job_id}: its log is not owned by {rec.user}; not reading it")
+            size = st.st_size
             if offset > size:  # the log was rotated since the client's last read: start again from its head
                 offset, truncated = 0, True
             fh.seek(offset)
             data = fh.read(LOG_CHUNK)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         pass
     rotated = path.with_name(path.name + ".1").exists()
     headers = {"X-Log-Offset": str(offset + len(data)), "X-Log-Size": str(size), "X-Job-State": rec.state,
@@ -200,6 +196,30 @@ def _token_guard(token: str):
     return guard
 
 
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
+
+
+def _users_guard(config):
+    """Many users (`submit_users`): who may use the API at all, and act on or read which jobs."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler):
+        who = users.peer(request)
+        if who.operator or request.path == "/v1/health":
+            return await handler(request)
+        if not config.may_submit(who.name):
+            return _error(403, f"user {who.name} may not use this meshd (its operator lists who may in submit_users)")
+        job_id = request.match_info.get("job_id")
+        if job_id is not None:
+            why = users.refusal(who, request.app[DAEMON_KEY].control.targets(job_id))
+            if why:
+                return _error(403, why)
+        return await handler(request)
+
+    return guard
+
+
 @web.middleware
 async def _failures(request: web.Request, handler):
     """Failures of meshd's own I/O become one clear line; nothing reaches aiohttp's generic 500 page."""
@@ -217,7 +237,8 @@ async def _failures(request: web.Request, handler):
 
 
 def make_app(daemon) -> web.Application:
-    app = web.Application(middlewares=[_failures, _token_guard(daemon.config.token)], client_max_size=1 << 20)
+    app = web.Application(middlewares=[_failures, _token_guard(daemon.config.token), _users_guard(daemon.config)],
+                          client_max_size=1 << 20)
     app[DAEMON_KEY] = daemon
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/jobs", list_jobs)
@@ -240,7 +261,8 @@ async def start_api(daemon) -> Callable[[], Awaitable[None]]:
     path = daemon.config.api_socket
     path.unlink(missing_ok=True)
     await web.UnixSite(runner, str(path)).start()
-    os.chmod(path, 0o600)  # the API runs jobs as meshd's user: only that user may use it
+    # one user: only meshd's user may use it; many (submit_users): everyone connects, _users_guard decides
+    os.chmod(path, 0o666 if daemon.config.submit_users else 0o600)
     if daemon.config.http_tcp:
         host, _, port = daemon.config.http_tcp.rpartition(":")
         await web.TCPSite(runner, host or "127.0.0.1", int(port)).start()

@@ -17,6 +17,8 @@ Defaults (documented in docs/daemon.md):
                  3 / 1 s: a job that exits 75 (resumable) with no preemption asked is requeued after
                  backoff * 2^(n-1) s, and fails after `limit` such exits
   log_max_mb     64: a rank's log past this size is rotated (newest half kept in rank<N>.log.1)
+  submit_users   "" (only meshd's user); "ann,bob" or "*": those (every) local users may submit, each job
+                 running as its submitter (meshd must run as root; daemon/users.py)
 """
 
 from __future__ import annotations
@@ -72,6 +74,12 @@ class DaemonConfig:
     self_preempt_limit: int = 3  # exits with code 75 that no preemption asked for, before the job fails
     self_preempt_backoff: float = 1.0  # seconds before the first such requeue; doubles each time
     log_max_mb: float = 64.0  # per rank log; past it the newest half moves to rank<N>.log.1
+    submit_users: str = ""  # other local users who may submit ("a,b" or "*": every one); meshd must be root
+
+    def may_submit(self, user: str) -> bool:
+        """Whether a local user other than meshd's own may use the API (`submit_users`)."""
+        allowed = {u.strip() for u in self.submit_users.split(",")}
+        return "*" in allowed or user in allowed
 
     @property
     def api_socket(self) -> Path:
@@ -108,6 +116,8 @@ class DaemonConfig:
             raise ConfigError("self_preempt_limit must be >= 0")
         if self.systemd_scope not in ("auto", "yes", "no"):
             raise ConfigError(f"systemd_scope must be auto, yes or no, got {self.systemd_scope!r}")
+        if self.submit_users and os.geteuid() != 0:
+            raise ConfigError("submit_users needs meshd to run as root (it starts each job as its submitter)")
         if self.http_tcp and not self.token:
             raise ConfigError("http_tcp needs a token (the TCP API is authenticated)")
         if len(str(self.api_socket)) > 100:

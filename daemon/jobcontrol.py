@@ -183,8 +183,9 @@ class JobControl:
 
     # ---------------------------------------------------------------- submit
 
-    def submit(self, req: SubmitRequest, ctl: ControlRequest, user: str) -> tuple[dict, int]:
-        """One job or a whole array in one journal transaction; returns (the answer, HTTP status)."""
+    def submit(self, req: SubmitRequest, ctl: ControlRequest, user: str, uid: int | None = None) -> tuple[dict, int]:
+        """One job or a whole array in one journal transaction, run as `uid` (None: meshd's user); returns
+        (the answer, HTTP status)."""
         from meshsched.daemon.node import SubmitError, _printable, _script, _spec
         from meshsched.daemon.journal import JobRecord
 
@@ -213,7 +214,7 @@ class JobControl:
                 submit_time=now, name=name, user=user, deadline=req.deadline, guaranteed=req.guaranteed,
                 command=req.command, cwd=req.cwd, env=env, job_dir=str(d.config.jobs_dir / job_id),
                 array_id=array_id, array_task=task, array_limit=ctl.array_limit, dependency=deps,
-                time_limit=ctl.time_limit, held=ctl.hold, **files,
+                time_limit=ctl.time_limit, held=ctl.hold, uid=uid, **files,
             )
             recs.append((rec, _spec(rec)))  # validates
         with d.journal.batch():  # durable first: a failed write (full disk) leaves no phantom job

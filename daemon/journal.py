@@ -9,6 +9,7 @@ back below a floor the caller gives (the highest existing job directory), so a l
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -85,6 +86,7 @@ class JobRecord:
     output: str = ""  # absolute paths the patterns of --output / --error expanded to ("" : none)
     error: str = ""
     exit_code: int | None = None  # the job's exit code once it ended (a failed rank's; 0 when completed)
+    uid: int | None = None  # the user it runs as (many users, daemon/users.py); None: meshd's own user
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -101,6 +103,10 @@ class JournalError(RuntimeError):
 class Journal:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # private before SQLite writes a byte (its -wal and -shm files take the same mode)
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        except OSError as exc:
+            raise JournalError(f"journal {path} cannot be opened: {exc.strerror}") from None
         try:
             self._db = sqlite3.connect(str(path), isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")

@@ -33,6 +33,7 @@ from meshsched.daemon.journal import Journal, JobRecord
 from meshsched.daemon.launcher import Launcher, Outcome, free_port, read_outcome
 from meshsched.daemon.mps import MpsManager, open_mps
 from meshsched.daemon.notify import Notifier
+from meshsched.daemon.users import owner_of, share_dirs
 from meshsched.daemon.supervisor import LaunchSpec
 from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
@@ -102,6 +103,8 @@ class NodeDaemon:
         try:
             for path in (cfg.state_dir, cfg.jobs_dir, cfg.runtime_dir):
                 private_dir(path)
+            if cfg.submit_users:  # other users reach their own job directories and the sockets, list nothing
+                share_dirs(cfg.state_dir, cfg.jobs_dir, cfg.runtime_dir)
             self._stack.callback(_lock(cfg.state_dir / "meshd.lock"))
             self._stack.callback(_lock(cfg.runtime_dir / "meshd.lock"))  # before touching its sockets
             self._id_floor = highest_job_dir(cfg.jobs_dir) + 1
@@ -296,8 +299,9 @@ class NodeDaemon:
             rank_envs=[self.mps.client_env(g, share=x.mps_percentage, mem_limit_mb=x.memory_limit_mb) for g in local],
         )
         try:
-            rec.supervisor_pid, rec.supervisor_start = self.launcher.spawn(Path(rec.job_dir), spec)
-        except OSError as exc:
+            owner = owner_of(rec.uid) if rec.uid is not None else None  # many users: the job runs as its submitter
+            rec.supervisor_pid, rec.supervisor_start = self.launcher.spawn(Path(rec.job_dir), spec, owner)
+        except (OSError, KeyError) as exc:  # KeyError: its user no longer exists
             self._events.append(ev.JobFailed(self._sid("launch"), rec.job_id, f"could not start: {exc}"))
             return
         rec.node = self.config.node_name

@@ -21,6 +21,7 @@ their logs directly, as before.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -91,7 +92,7 @@ def rank_env(spec: LaunchSpec, rank: int) -> dict[str, str]:
 
 def tail(path: Path, lines: int = TAIL_LINES) -> str:
     try:
-        with open(path, "rb") as fh:
+        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
             fh.seek(0, os.SEEK_END)
             fh.seek(max(0, fh.tell() - 4096))
             text = fh.read().decode(errors="replace")
@@ -154,8 +155,9 @@ def rotate_log(path: Path, cap: int) -> bool:
 
 
 class Supervisor:
-    def __init__(self, job_dir: Path) -> None:
+    def __init__(self, job_dir: Path, as_user: tuple[int, int, list[int]] | None = None) -> None:
         self.job_dir = job_dir
+        self.as_user = as_user  # (uid, gid, groups): work as that user and start the ranks as them (many users)
         self.spec = LaunchSpec.load(job_dir / "launch.json")
         self.procs: dict[int, subprocess.Popen] = {}  # pid -> worker
         self.rank_of: dict[int, int] = {}
@@ -175,17 +177,19 @@ class Supervisor:
                 break
             fd = os.open(logs / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             if files is None:
-                with open(fd, "ab") as out:
+                with open(fd, "ab") as out, self._privileged():
                     p = subprocess.Popen(
                         self.spec.command, cwd=self.spec.cwd, env=rank_env(self.spec, rank),
                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with(me),
+                        **self._identity(),
                     )
             else:
-                p = subprocess.Popen(
-                    self.spec.command, cwd=self.spec.cwd, env=rank_env(self.spec, rank), stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE if files[1] != files[0] else subprocess.STDOUT,
-                    preexec_fn=_die_with(me),
-                )
+                with self._privileged():
+                    p = subprocess.Popen(
+                        self.spec.command, cwd=self.spec.cwd, env=rank_env(self.spec, rank), stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE if files[1] != files[0] else subprocess.STDOUT,
+                        preexec_fn=_die_with(me), **self._identity(),
+                    )
                 self.tees[p.stdout.fileno()] = (fd, files[0])
                 if p.stderr is not None:
                     self.tees[p.stderr.fileno()] = (os.dup(fd), files[1])
@@ -193,6 +197,33 @@ class Supervisor:
             self.rank_of[p.pid] = rank
             if self.stopping:  # the SIGTERM came while this rank was being spawned: pass it on
                 self._term_live()
+
+    def become_user(self) -> None:
+        """Work as the job's user from now on (effective ids: the ranks are started as root drops to them)."""
+        if self.as_user is not None:
+            uid, gid, groups = self.as_user
+            os.setgroups(groups)
+            os.setegid(gid)
+            os.seteuid(uid)
+
+    @contextlib.contextmanager
+    def _privileged(self):
+        """Back to root while a rank is started as the user (setuid in the child needs it)."""
+        if self.as_user is None:
+            yield
+            return
+        os.seteuid(0)
+        os.setegid(0)
+        try:
+            yield
+        finally:
+            self.become_user()
+
+    def _identity(self) -> dict:
+        if self.as_user is None:
+            return {}
+        uid, gid, groups = self.as_user
+        return {"user": uid, "group": gid, "extra_groups": groups}
 
     def _open_files(self) -> tuple[int, int] | None:
         """The user's --output / --error files, opened for appending (None when neither was asked for)."""
@@ -253,6 +284,7 @@ class Supervisor:
 
     def run(self) -> int:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self.become_user()
         signal.signal(signal.SIGTERM, lambda *_: self._on_term())
         signal.signal(signal.SIGINT, lambda *_: self._on_term())
         signal.signal(signal.SIGALRM, lambda *_: self.kill_all())
@@ -339,11 +371,17 @@ class Supervisor:
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m meshsched.daemon.supervisor JOB_DIR")
-    job_dir = Path(sys.argv[1])
+    args = sys.argv[1:]
+    as_user = None
+    if len(args) == 3 and args[1] == "--as-user":  # UID:GID:G1,G2 (given by meshd on the command line, never
+        uid, gid, groups = args.pop().split(":")   # read from the job directory its user may write)
+        args.pop()
+        as_user = (int(uid), int(gid), [int(g) for g in groups.split(",") if g])
+    if len(args) != 1:
+        sys.exit("usage: python -m meshsched.daemon.supervisor JOB_DIR [--as-user UID:GID:GROUPS]")
+    job_dir = Path(args[0])
     try:
-        sup = Supervisor(job_dir)
+        sup = Supervisor(job_dir, as_user)
         sys.exit(sup.run())
     except SystemExit as exc:
         if isinstance(exc.code, str):  # a job that cannot start (its --output cannot be opened): it failed
