@@ -341,3 +341,47 @@ def test_output_and_error_patterns(served, mesh, tmp_path, monkeypatch):
     assert r.exit_code == 1 and "cannot open" in r.stderr
     r = mesh("submit", str(script), "-o", "x-%z")
     assert r.exit_code == 1 and "%z is not known" in r.stderr
+
+
+async def test_job_control_survives_a_restart(dirs):
+    """Holds, dependencies (also on a job that ended before the restart) and a running job's time limit are
+    journaled and rebuilt by the next meshd."""
+    from meshsched.daemon.jobcontrol import ControlRequest
+    from meshsched.daemon.node import NodeDaemon
+    from meshsched.protocol import SubmitRequest
+    from tests.test_daemon_helpers import kill_sessions, make_config, wait_for
+
+    cfg = make_config(*dirs)
+    d1 = NodeDaemon(cfg)
+    await d1.start()
+    daemons = [d1]
+
+    def submit(d, command, **ctl) -> str:
+        return d.control.submit(SubmitRequest(command=command, cwd="/tmp"), ControlRequest(**ctl), "t")[0]["job_id"]
+
+    try:
+        quick = submit(d1, ["sleep", "0.3"], hold=False, time_limit=600.0)
+        limited = submit(d1, ["sleep", "60"], time_limit=600.0)
+        held_after_quick = submit(d1, ["sleep", "60"], hold=True, dependency=((OK, quick),))
+        waits = submit(d1, ["sleep", "60"], dependency=((OK, limited),))
+        await wait_for(lambda: d1.records[quick].state == "COMPLETED", what="quick job completed")
+        await wait_for(lambda: d1.records[limited].state == "RUNNING", what="limited job running")
+        limit_at = d1.records[limited].time_limit_at
+        assert limit_at is not None
+        await d1.close()
+        d2 = NodeDaemon(cfg)
+        await d2.start()
+        daemons.append(d2)
+        assert d2.engine.pending_reason(held_after_quick) == "JobHeldUser"
+        assert d2.engine.pending_reason(waits) == "Dependency"
+        assert d2.engine.state.jobs[limited].time_limit_at == limit_at  # its original end, not 600 s from now
+        d2.control.release(held_after_quick)  # its dependency ended (met) before the restart
+        await wait_for(lambda: d2.records[held_after_quick].state == "RUNNING", what="released job running")
+        d2.cancel(limited)
+        await wait_for(lambda: d2.records[waits].state == "CANCELLED", what="dependent cancelled")
+        assert d2.records[waits].reason == "DependencyNeverSatisfied"
+    finally:
+        pids = [r.supervisor_pid for d in daemons for r in d.records.values()]
+        for d in daemons:
+            await d.close()
+        kill_sessions(pids)
