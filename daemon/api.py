@@ -32,6 +32,7 @@ from meshsched.protocol import SubmitRequest
 DAEMON_KEY = web.AppKey("daemon", object)
 LOG_CHUNK = 1 << 20
 MAX_WAIT = 300.0  # seconds one wait request may block
+PRIVATE = ("command", "cwd", "job_dir", "output", "error", "rank_reports")  # not listed to other users
 LOG = logging.getLogger("meshd")
 
 
@@ -70,6 +71,9 @@ async def list_jobs(request: web.Request) -> web.Response:
     if request.query.get("job"):  # some jobs (an array id: its tasks)
         wanted = {r.job_id for j in request.query["job"].split(",") for r in d.control.targets(j)}
         jobs = [j for j in jobs if j["job_id"] in wanted]
+    who = users.peer(request)
+    if not brief and not who.operator:  # many users: the queue is public, what others run and where is not
+        jobs = [j if j["uid"] == who.uid else {k: v for k, v in j.items() if k not in PRIVATE} for j in jobs]
     return web.json_response(jobs, dumps=_compact) if brief else web.json_response(jobs)
 
 

@@ -116,6 +116,9 @@ def test_two_users_jobs_run_as_themselves_and_stay_private(two_users, shared_mes
     # bob sees the queue, but can neither act on ann's job nor read it
     listed = {j["job_id"]: j["user"] for j in call(bob, sock, "GET", "/v1/jobs?brief=1")}
     assert listed == {a["job_id"]: ann.pw_name, b["job_id"]: bob.pw_name}
+    full = {j["job_id"]: j for j in call(bob, sock, "GET", "/v1/jobs")}  # `mesh ls --json`
+    assert "command" not in full[a["job_id"]] and "job_dir" not in full[a["job_id"]]
+    assert full[b["job_id"]]["command"][0] == "/bin/sh" and full[a["job_id"]]["state"] == "RUNNING"
     for method, route in (("POST", "cancel"), ("GET", "logs"), ("GET", ""), ("POST", "hold"), ("POST", "requeue"),
                           ("GET", "wait?timeout=0"), ("GET", "explain")):
         url = f"/v1/jobs/{a['job_id']}/{route}".rstrip("/")
