@@ -385,3 +385,24 @@ async def test_job_control_survives_a_restart(dirs):
         for d in daemons:
             await d.close()
         kill_sessions(pids)
+
+
+def test_a_lost_journal_never_reuses_an_array_id(tmp_path):
+    from meshsched.daemon.dirs import highest_job_dir
+
+    for name in ("3", "12_0", "12_299", "notes"):
+        (tmp_path / name).mkdir()
+    assert highest_job_dir(tmp_path) == 12  # before: 3, and the next array would have taken 12_0's directory
+
+
+def test_hold_and_release_an_array_by_its_id(served, mesh, script):
+    blocker = mesh("submit", script, "--gpus", "4", "--", "60").stdout.split()[-1]
+    r = mesh("submit", script, "--array", "0-2", "--", "0")
+    array = r.stdout.split()[3]
+    assert mesh("hold", array).stdout.strip() == f"hold {array}: 3 task(s)"
+    assert mesh("ls", array).stdout.count("(JobHeldUser)") == 3
+    mesh("cancel", blocker)
+    assert mesh("release", array).exit_code == 0
+    poll(lambda: set(states(served, [f"{array}_{t}" for t in range(3)])) == {"COMPLETED"}, what="released tasks ran")
+    r = mesh("release", array)
+    assert r.exit_code == 1 and "it is COMPLETED; it is not held" in r.stderr
