@@ -95,13 +95,24 @@ def logs(
 
 
 @app.command()
-def cancel(job_ids: list[str] = typer.Argument(..., help="job ids")) -> None:
+def cancel(
+    job_ids: list[str] = typer.Argument(None, help="job ids (an array id: every task of it)"),
+    state: str = typer.Option("", "--state", "-t", help="only jobs in these states (PENDING,RUNNING,...)"),
+    name: str = typer.Option("", "--name", "-n", help="only jobs with this name"),
+    user: str = typer.Option("", "--user", "-u", help="only this user's jobs"),
+    me: bool = typer.Option(False, "--me", help="only my jobs (all of them, with no other filter)"),
+    signal: str = typer.Option("", "--signal", "-s", help="send this signal (USR1, 10) to the ranks instead"),
+) -> None:
     """Cancel jobs (running ones get SIGTERM, then SIGKILL after the grace period).
 
-    Exit status: 0 every job was cancelled; 3 a job had already ended (nothing done to it); 1 meshd refused
-    one (e.g. unknown job); 2 usage error or meshd not reachable.
+    With filters (--state, --name, --user, --me; all must hold) or --signal, one request selects every
+    unfinished job they match, among the given ids when there are any; a user who is not an operator selects
+    among their own jobs only.
+
+    Exit status: 0 every job was cancelled; 3 a job had already ended (nothing done to it), or no job matched
+    the filters; 1 meshd refused one (e.g. unknown job); 2 usage error or meshd not reachable.
     """
-    jobs.cancel(job_ids)
+    jobs.cancel(list(job_ids or []), state, name, user, me, signal)
 
 
 @app.command()

@@ -30,7 +30,11 @@ COMMANDS = {
     "show": (jobs.show, ("job_id",), _JSON),
     "logs": (jobs.logs, ("job_id",), {"--follow": ("follow", True), "-f": ("follow", True),
                                       "--rank": ("rank", int), "-r": ("rank", int)}),
-    "cancel": (jobs.cancel, ("job_ids+",), {}),
+    "cancel": (jobs.cancel, ("job_ids*",), {
+        "--state": ("state", str), "-t": ("state", str), "--name": ("name", str), "-n": ("name", str),
+        "--user": ("user", str), "-u": ("user", str), "--me": ("me", True), "--signal": ("signal", str),
+        "-s": ("signal", str),
+    }),
     "hold": (jobs.hold, ("job_ids+",), {}),
     "release": (jobs.release, ("job_ids+",), {}),
     "requeue": (jobs.requeue, ("job_ids+",), {}),

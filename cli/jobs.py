@@ -275,8 +275,15 @@ def logs(job_id: str, follow: bool = False, rank: int = 0) -> None:
             time.sleep(0.5)  # client-side follow, like tail -f
 
 
-def cancel(job_ids: list[str]) -> None:
-    """Cancel each job; exit 0 when every one was cancelled, NOTHING_TO_CANCEL when one had already ended."""
+def cancel(job_ids: list[str] | None = None, state: str = "", name: str = "", user: str = "", me: bool = False,
+           signal: str = "") -> None:
+    """Cancel each job; exit 0 when every one was cancelled, NOTHING_TO_CANCEL when one had already ended.
+    With filters or --signal, one request selects (and cancels or signals) every unfinished job they match."""
+    job_ids = list(job_ids or [])
+    if state or name or user or me or signal:
+        return _bulk_cancel(job_ids, state, name, user, me, signal)
+    if not job_ids:
+        fail("name the jobs to cancel: ids, or a filter (--state, --name, --user, --me)")
     client = Client()
     code = 0
     for job_id in job_ids:
@@ -303,6 +310,20 @@ def cancel(job_ids: list[str]) -> None:
             sys.stdout.write(f"job {job_id}: {job['state']}\n")
     if code:
         raise SystemExit(code)
+
+
+def _bulk_cancel(job_ids: list[str], state: str, name: str, user: str, me: bool, signal: str) -> None:
+    body = {"job_ids": job_ids, "state": state, "name": name, "user": user, "mine": me, "signal": signal}
+    answer = api_call("POST", "/v1/jobs/cancel", body)
+    if signal:
+        for j in answer["jobs"]:
+            sys.stdout.write(f"job {j['job_id']}: {j['signalled']} rank(s) got signal {answer['signal']}\n")
+    else:
+        for j in answer["jobs"]:
+            sys.stdout.write(f"job {j['job_id']}: {j['state']}\n")
+    if not answer["jobs"]:
+        sys.stdout.write("no unfinished job matched\n")
+        raise SystemExit(NOTHING_TO_CANCEL)
 
 
 def _control(action: str, job_ids: list[str]) -> None:

@@ -2,7 +2,7 @@
 
 Routes: GET /v1/health, GET/POST /v1/jobs (?all=0|1; ?brief=1: the squeue columns only; ?job=ID[,ID]: those
 jobs or arrays only), GET /v1/jobs/{id}, POST /v1/jobs/{id}/cancel|hold|release|requeue (an array id: every
-task), GET /v1/jobs/{id}/wait?timeout=S (until the job or every task of the array ended; long poll),
+task), POST /v1/jobs/cancel (many jobs by ids and filters, or --signal them), GET /v1/jobs/{id}/wait?timeout=S (until the job or every task of the array ended; long poll),
 GET /v1/jobs/{id}/logs?rank=N&offset=B, GET /v1/jobs/{id}/explain, GET /v1/nodes, GET /metrics.
 POST /v1/jobs takes job control's fields besides SubmitRequest's (daemon/jobcontrol.py): one request submits
 a whole array.
@@ -17,6 +17,7 @@ import hmac
 import json
 import logging
 import os
+import signal
 import socket
 import sqlite3
 from collections.abc import Awaitable, Callable
@@ -106,11 +107,54 @@ async def cancel(request: web.Request) -> web.Response:
         with d.journal.batch():
             for rec in d.control.targets(job_id):
                 before = rec.state
-                tasks.append({"job_id": rec.job_id, "state": d.cancel(rec.job_id).state, "previous_state": before})
+                tasks.append({"job_id": rec.job_id, "state": _shown(d.cancel(rec.job_id)), "previous_state": before})
         return web.json_response({"array_id": job_id, "tasks": tasks})
     d, rec = _record(request)
     before = rec.state  # `mesh cancel` says when the job had already ended and nothing was done
     return web.json_response(dict(d.job_view(d.cancel(rec.job_id)), previous_state=before))
+
+
+async def bulk_cancel(request: web.Request) -> web.Response:
+    """POST /v1/jobs/cancel {"job_ids", "state", "name", "user", "mine", "signal"}: cancel (or signal) every
+    unfinished job they select, in one request; a user who is not an operator selects among their own jobs."""
+    d = request.app[DAEMON_KEY]
+    who = users.peer(request)
+    try:
+        query = await request.json()
+        recs = d.control.select(query, who)
+        signum = _signal(query.get("signal"))
+    except LookupError as exc:
+        return _error(404, str(exc.args[0]))
+    except ValueError as exc:
+        return _error(400, str(exc))
+    if not who.operator:  # ids of other users' jobs are refused, not skipped in silence
+        why = users.refusal(who, [r for i in query.get("job_ids") or [] for r in d.control.targets(i)])
+        if why:
+            return _error(403, why)
+    if signum is not None:
+        return web.json_response({"signal": signum, "jobs": d.control.signal(recs, signum)})
+    jobs = []
+    with d.journal.batch():
+        for rec in recs:
+            before = rec.state
+            jobs.append({"job_id": rec.job_id, "state": _shown(d.cancel(rec.job_id)), "previous_state": before})
+    return web.json_response({"jobs": jobs})
+
+
+def _shown(rec) -> str:
+    """A job's state as `mesh` shows it: COMPLETING while a cancelled job's processes are still exiting."""
+    return "COMPLETING" if rec.cancelling and rec.state in ("LOADING", "RUNNING", "PAUSING") else rec.state
+
+
+def _signal(value: object) -> int | None:
+    """A signal by name (USR1, SIGUSR1) or number; None when none was given."""
+    if value in (None, ""):
+        return None
+    text = str(value).upper()
+    try:
+        return int(signal.Signals(int(text))) if text.isdigit() else int(signal.Signals[text if text.startswith("SIG") else "SIG" + text])
+    except (KeyError, ValueError):
+        raise ValueError(f"--signal {str(value)[:20]!r}: not a signal (give a name like USR1 or a number)") from None
 
 
 async def control(request: web.Request) -> web.Response:
@@ -248,6 +292,7 @@ def make_app(daemon) -> web.Application:
     app.router.add_get("/v1/jobs", list_jobs)
     app.router.add_post("/v1/jobs", submit)
     app.router.add_get("/v1/jobs/{job_id}", show)
+    app.router.add_post("/v1/jobs/cancel", bulk_cancel)
     app.router.add_post("/v1/jobs/{job_id}/cancel", cancel)
     app.router.add_post("/v1/jobs/{job_id}/{action:hold|release|requeue}", control)
     app.router.add_get("/v1/jobs/{job_id}/wait", wait)

@@ -267,6 +267,48 @@ class JobControl:
                 d.dispatch(event(d._sid(what), r.job_id))
         return [r.job_id for r in todo]
 
+    # ---------------------------------------------------------------- many jobs per call
+
+    def select(self, query: Any, who) -> list:
+        """The unfinished jobs a bulk cancel names: ids (an array id: its tasks) and filters, all of which must
+        hold; a user who is not an operator selects among their own jobs only. RequestError when malformed."""
+        if not isinstance(query, dict):
+            raise RequestError("body must be a JSON object")
+        unknown = set(query) - {"job_ids", "state", "name", "user", "mine", "signal"}
+        if unknown:
+            raise RequestError(f"unknown field(s): {', '.join(sorted(unknown))}")
+        ids = query.get("job_ids") or []
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise RequestError("job_ids must be a list of strings")
+        states = {s.strip().upper() for s in _str(query, "state").split(",") if s.strip()}
+        bad = states - {s.value for s in JobState if not s.is_terminal}
+        if bad:
+            known = ", ".join(s.value for s in JobState if not s.is_terminal)
+            raise RequestError(f"--state {','.join(sorted(bad))}: not a state a job can be cancelled in ({known})")
+        name, user = _str(query, "name"), _str(query, "user")
+        if query.get("mine"):
+            user = who.name
+        if not (ids or states or name or user):
+            raise RequestError("name jobs: ids, or a filter (--state, --name, --user, --me)")
+        if ids:
+            recs = []
+            for job_id in ids:
+                found = self.targets(job_id)
+                if not found:
+                    raise LookupError(f"unknown job {job_id[:64]}")
+                recs += found
+        else:
+            recs = list(self.daemon.records.values())
+        return [r for r in recs if r.state not in TERMINAL and (not states or r.state in states)
+                and (not name or r.name == name) and (not user or r.user == user)
+                and (who.operator or r.uid == who.uid)]
+
+    def signal(self, recs: list, signum: int) -> list[dict]:
+        """Send `signum` to the ranks of each running job (the others are left alone)."""
+        launcher = self.daemon.launcher
+        return [{"job_id": r.job_id, "state": r.state, "signalled": launcher.signal_workers(r.job_id, signum)}
+                for r in recs]
+
     # ---------------------------------------------------------------- records and --wait
 
     def synced(self, rec, job, old: str) -> None:

@@ -212,6 +212,17 @@ class Launcher:
         self._cgroups[job_id] = cgroup_of(pid)
         self._loop.add_reader(fd, self._exited, job_id)
 
+    def signal_workers(self, job_id: str, signum: int) -> int:
+        """Send `signum` to each rank of a running job (`mesh cancel --signal`); returns how many got it."""
+        sent = 0
+        for pid in self.workers(job_id):
+            try:
+                os.kill(pid, signum)
+                sent += 1
+            except ProcessLookupError:
+                pass
+        return sent
+
     def running(self, job_id: str) -> bool:
         """True while any process of the job may still run (its supervisor, or what it left behind)."""
         return job_id in self._watched or job_id in self._draining

@@ -41,6 +41,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 LOG_MAX_BYTES = 64 << 20
 POLL = 0.5  # seconds between log-size checks while ranks run
+PARTIAL_MAX = 1 << 16  # bytes of a line without an end kept back from the user's file before it goes anyway
 CLEANUP_TIMEOUT = 10.0  # seconds to wait for left-over processes after SIGKILL (D state, NFS)
 
 
@@ -126,6 +127,14 @@ def _die_with(parent: int):
     return setup
 
 
+def _write(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        pass  # a full disk loses output, never the job
+
+
 def rotate_log(path: Path, cap: int) -> bool:
     """When `path` is over `cap` bytes, keep its newest cap/2 bytes in PATH.1 and restart it; True if so."""
     try:
@@ -165,6 +174,7 @@ class Supervisor:
         self.stopping = False
         self.terminated = False
         self.tees: dict[int, tuple[int, int]] = {}  # read end of a rank's pipe -> (its rank log, the user's file)
+        self.partial: dict[int, bytes] = {}  # read end -> the start of a line not yet written to the user's file
 
     def start(self) -> None:
         logs = self.job_dir / "logs"
@@ -241,20 +251,23 @@ class Supervisor:
         return fds[out], fds[err or out]
 
     def copy_output(self, ready: list[int]) -> None:
-        """Copy what the ranks wrote to their pipes into their logs and the user's files; close at EOF."""
+        """Copy what the ranks wrote to their pipes into their logs and, whole lines at a time (ranks share the
+        file), into the user's files; close at EOF."""
         for fd in ready:
             log, user = self.tees[fd]
             data = os.read(fd, 1 << 16)
             if not data:
                 del self.tees[fd]
+                _write(user, self.partial.pop(fd, b""))
                 os.close(fd)
                 os.close(log)
                 continue
-            for out in (log, user):
-                try:
-                    os.write(out, data)
-                except OSError:
-                    pass  # a full disk loses output, never the job
+            _write(log, data)
+            pending = self.partial.pop(fd, b"") + data
+            cut = pending.rfind(b"\n") + 1 if len(pending) < PARTIAL_MAX else len(pending)
+            _write(user, pending[:cut])
+            if cut < len(pending):
+                self.partial[fd] = pending[cut:]
 
     def _term_live(self) -> None:
         for pid, p in self.procs.items():
@@ -327,7 +340,8 @@ class Supervisor:
                 while fd in self.tees:
                     self.copy_output([fd])
             except BlockingIOError:  # a writer outlived the clean-up: what it writes later is dropped
-                log, _ = self.tees.pop(fd)
+                log, user = self.tees.pop(fd)
+                _write(user, self.partial.pop(fd, b""))
                 os.close(fd)
                 os.close(log)
         if self.terminated:

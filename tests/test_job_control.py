@@ -406,3 +406,29 @@ def test_hold_and_release_an_array_by_its_id(served, mesh, script):
     poll(lambda: set(states(served, [f"{array}_{t}" for t in range(3)])) == {"COMPLETED"}, what="released tasks ran")
     r = mesh("release", array)
     assert r.exit_code == 1 and "it is COMPLETED; it is not held" in r.stderr
+
+
+def test_cancel_by_filters_and_signal_in_one_request(served, mesh, tmp_path):
+    script = tmp_path / "trap.py"
+    script.write_text("import signal, sys, time\nsignal.signal(signal.SIGUSR1, lambda *_: print('got USR1', "
+                      "flush=True))\nprint('up', flush=True)\ntime.sleep(60)\n")
+    a = mesh("submit", str(script), "--name", "keep").stdout.split()[-1]
+    b = mesh("submit", str(script), "--name", "drop").stdout.split()[-1]
+    c = mesh("submit", str(script), "--name", "drop", "--hold").stdout.split()[-1]
+    poll(lambda: states(served, [a, b]) == ["RUNNING"] * 2 and "up" in mesh("logs", b).stdout, what="running")
+    r = mesh("cancel", "--name", "drop", "--signal", "USR1")
+    assert r.exit_code == 0 and f"job {b}: 1 rank(s) got signal 10" in r.stdout, r.output
+    poll(lambda: "got USR1" in mesh("logs", b).stdout, what="the rank got the signal")
+    assert served.records[b].state == "RUNNING"  # signalled, not cancelled
+    r = mesh("cancel", "--name", "drop", "--state", "PENDING")
+    assert r.exit_code == 0 and r.stdout.strip() == f"job {c}: CANCELLED"
+    r = mesh("cancel", "--name", "drop")
+    assert r.exit_code == 0 and r.stdout.strip() in (f"job {b}: COMPLETING", f"job {b}: CANCELLED"), r.output
+    poll(lambda: states(served, [a, b, c]) == ["RUNNING", "CANCELLED", "CANCELLED"], what="only the named ones")
+    r = mesh("cancel", "--name", "drop")
+    assert r.exit_code == 3 and "no unfinished job matched" in r.stdout
+    for bad, msg in ((["--state", "DONE"], "not a state"), (["--signal", "NOPE", a], "not a signal"), ([], "name")):
+        r = mesh("cancel", *bad)
+        assert r.exit_code in (1, 2) and msg in r.stderr and "Traceback" not in r.output, (bad, r.output)
+    r = mesh("cancel", "--me")
+    assert r.exit_code == 0 and a in r.stdout

@@ -126,6 +126,12 @@ def test_two_users_jobs_run_as_themselves_and_stay_private(two_users, shared_mes
         assert msg == f"job {a['job_id']} belongs to {ann.pw_name}; only its owner or an operator may act on it or read it"
     assert root.call("GET", f"/v1/jobs/{a['job_id']}")["state"] == "RUNNING"  # still running
 
+    # many jobs per call: bob's filters select among his own jobs only; naming hers is refused
+    assert call(bob, sock, "POST", "/v1/jobs/cancel", {"user": ann.pw_name})["jobs"] == []
+    with as_user(bob.pw_uid, bob.pw_gid), pytest.raises(ApiError) as exc:
+        Client(sock).call("POST", "/v1/jobs/cancel", {"job_ids": [a["job_id"]], "signal": "USR1"})
+    assert exc.value.status == 403
+
     # a user not in submit_users may not use this meshd at all
     nobody = pwd.getpwnam("nobody")
     assert "may not use this meshd" in refused(nobody, sock, "GET", "/v1/jobs")
