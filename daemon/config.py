@@ -17,8 +17,8 @@ Defaults (documented in docs/daemon.md):
                  3 / 1 s: a job that exits 75 (resumable) with no preemption asked is requeued after
                  backoff * 2^(n-1) s, and fails after `limit` such exits
   log_max_mb     64: a rank's log past this size is rotated (newest half kept in rank<N>.log.1)
-  submit_users   "" (only meshd's user); "ann,bob" or "*": those (every) local users may submit, each job
-                 running as its submitter (meshd must run as root; daemon/users.py)
+  submit_users   "" (only meshd's user); "ann,bob,@gpu" or "*": those users, members of group gpu (every
+                 local user) may submit, each job running as its submitter (meshd as root; daemon/users.py)
 """
 
 from __future__ import annotations
@@ -77,9 +77,27 @@ class DaemonConfig:
     submit_users: str = ""  # other local users who may submit ("a,b" or "*": every one); meshd must be root
 
     def may_submit(self, user: str) -> bool:
-        """Whether a local user other than meshd's own may use the API (`submit_users`)."""
-        allowed = {u.strip() for u in self.submit_users.split(",")}
-        return "*" in allowed or user in allowed
+        """Whether a local user other than meshd's own may use the API (`submit_users`: names, @group, *)."""
+        allowed = {u.strip() for u in self.submit_users.split(",") if u.strip()}
+        if "*" in allowed or user in allowed:
+            return True
+        groups = {g[1:] for g in allowed if g.startswith("@")}
+        if not groups:
+            return False
+        import grp
+        import pwd
+
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            return False
+        names = set()
+        for gid in os.getgrouplist(user, pw.pw_gid):
+            try:
+                names.add(grp.getgrgid(gid).gr_name)
+            except KeyError:
+                pass
+        return bool(groups & names)
 
     @property
     def api_socket(self) -> Path:

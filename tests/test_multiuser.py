@@ -168,3 +168,24 @@ def test_an_output_file_is_opened_as_the_user_never_as_root(two_users, shared_me
     poll(lambda: root.call("GET", f"/v1/jobs/{job['job_id']}")["state"] == "FAILED", what="failed")
     assert "cannot open" in root.call("GET", f"/v1/jobs/{job['job_id']}")["reason"]
     assert not (protected / "x.txt").exists()
+
+
+def test_who_may_submit_is_configuration(two_users):
+    from dataclasses import replace
+
+    from meshsched.daemon.config import DaemonConfig
+
+    ann, bob = two_users
+    base = DaemonConfig(state_dir=Path("/tmp/s"), runtime_dir=Path("/tmp/r"))
+    assert not base.may_submit(ann.pw_name)
+    assert replace(base, submit_users=ann.pw_name).may_submit(ann.pw_name)
+    assert not replace(base, submit_users=ann.pw_name).may_submit(bob.pw_name)
+    assert replace(base, submit_users="*").may_submit(bob.pw_name)
+    group = f"{ann.pw_name}g"
+    subprocess.run(["groupadd", group], check=True, capture_output=True)
+    try:
+        subprocess.run(["usermod", "-aG", group, bob.pw_name], check=True, capture_output=True)
+        by_group = replace(base, submit_users=f"@{group}")
+        assert by_group.may_submit(bob.pw_name) and not by_group.may_submit(ann.pw_name)
+    finally:
+        subprocess.run(["groupdel", group], check=False, capture_output=True)
