@@ -59,10 +59,13 @@ def submit(
         "", "--output", "-o", help="also append stdout to this file: %j job id, %A array id, %a task, %u user, "
                                    "%x name (the per-rank logs stay in the job directory)"),
     error: str = typer.Option("", "--error", "-e", help="stderr to this file (same patterns); default: with stdout"),
+    begin: str = typer.Option(
+        "", "--begin", "-b", help="not before: now+N (seconds), now+5m, now+2hours, HH:MM[:SS], or an ISO date-time "
+                                  "(reason BeginTime until then)"),
 ) -> None:
     """Submit a training job; prints its id."""
     jobs.submit(str(script), list(args or []), gpus, batch_size, iters, model, name, deadline, guaranteed, as_json,
-                array, dependency, time_limit, hold, wait, output, error)
+                array, dependency, time_limit, hold, wait, output, error, begin)
 
 
 @app.command("ls")

@@ -79,6 +79,35 @@ def parse_deadline(text: str, now: float) -> float:
         fail(f"--deadline {text!r}: give a duration like 2h / 90m or an ISO date-time")
 
 
+def parse_begin(text: str, now: float) -> float:
+    """Slurm's --begin: now+N (seconds), now+N{s,m,h,d} or now+N{minutes,hours,days}, HH:MM[:SS] (today, or
+    tomorrow once past), or an ISO date[-time] -> UNIX time."""
+    t = text.strip().lower()
+    if t.startswith("now+"):
+        amount = t[4:]
+        for word, unit in (("minutes", "m"), ("minute", "m"), ("hours", "h"), ("hour", "h"), ("days", "d"),
+                           ("day", "d"), ("seconds", "s"), ("second", "s")):
+            if amount.endswith(word):
+                amount = amount[: -len(word)] + unit
+                break
+        if amount.isdigit():
+            amount += "s"
+        if amount[-1:] in _UNITS and amount[:-1].isdigit():
+            return now + int(amount[:-1]) * _UNITS[amount[-1]]
+    from datetime import datetime, timedelta
+
+    parts = t.split(":")
+    if 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
+        h, m, s = (list(map(int, parts)) + [0])[:3]
+        if h < 24 and m < 60 and s < 60:
+            at = datetime.fromtimestamp(now).replace(hour=h, minute=m, second=s, microsecond=0)
+            return (at if at.timestamp() > now else at + timedelta(days=1)).timestamp()
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        fail(f"--begin {text!r}: give now+N (seconds) / now+5m / now+2hours, HH:MM[:SS], or an ISO date-time")
+
+
 def parse_time_limit(text: str) -> float:
     """Slurm's --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS -> seconds (> 0)."""
     days, dash, rest = text.strip().rpartition("-") if "-" in text else ("", "", text.strip())
@@ -151,7 +180,7 @@ def _out(lines: list[str]) -> None:
 def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size: int = 32, iters: int | None = None,
            model: str = "custom", name: str = "", deadline: str = "", guaranteed: bool = False,
            as_json: bool = False, array: str = "", dependency: str = "", time_limit: str = "", hold: bool = False,
-           wait: bool = False, output: str = "", error: str = "") -> None:
+           wait: bool = False, output: str = "", error: str = "", begin: str = "") -> None:
     if gpus < 1:
         fail(f"--gpus must be at least 1, got {gpus}")
     if iters is not None and iters < 1:
@@ -174,6 +203,8 @@ def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size
         body["time_limit"] = parse_time_limit(time_limit)
     if hold:
         body["hold"] = True
+    if begin:
+        body["begin"] = parse_begin(begin, time.time())
     job = api_call("POST", "/v1/jobs", body)
     job_id = job.get("array_id") or job["job_id"]
     if as_json:

@@ -27,7 +27,7 @@ from meshsched.state import Dependency, DependencyKind, JobSpec, JobState
 MAX_ARRAY_TASKS = 10_000  # tasks in one array (Slurm's MaxArraySize is 1001 by default)
 MAX_PATTERN = 4096
 TERMINAL = frozenset(s.value for s in JobState if s.is_terminal)
-CONTROL_FIELDS = ("array", "dependency", "time_limit", "hold", "output", "error")
+CONTROL_FIELDS = ("array", "dependency", "time_limit", "hold", "output", "error", "begin")
 PATTERN_HELP = "%j job id, %A array id, %a task id, %u user, %x job name, %% a percent sign"
 
 
@@ -42,6 +42,7 @@ class ControlRequest:
     hold: bool = False
     output: str = ""  # file patterns; "" keeps only the per-rank logs in the job directory
     error: str = ""
+    begin: float | None = None  # UNIX time before which it is not queued
 
     @classmethod
     def split(cls, data: Any) -> tuple[ControlRequest, Any]:
@@ -59,7 +60,12 @@ class ControlRequest:
             raise RequestError("hold must be true or false")
         output, error = (_pattern(data, k) for k in ("output", "error"))
         deps = parse_dependency(_str(data, "dependency")) if data.get("dependency") else ()
-        return cls(tasks, limit, deps, None if limit_s is None else float(limit_s), hold, output, error), rest
+        begin = data.get("begin")
+        if begin is not None and (isinstance(begin, bool) or not isinstance(begin, (int, float))
+                                  or not math.isfinite(begin)):
+            raise RequestError(f"begin must be a finite UNIX time in seconds, got {begin!r}")
+        return cls(tasks, limit, deps, None if limit_s is None else float(limit_s), hold, output, error,
+                   None if begin is None else float(begin)), rest
 
 
 PLAIN = ControlRequest()
@@ -145,7 +151,8 @@ def expand_pattern(pattern: str, *, job_id: str, array_id: str, task: int | None
 def control_spec(rec) -> dict:
     """The JobSpec fields a record's job control gives (for `_spec` in node.py)."""
     return {"dependencies": tuple(Dependency(DependencyKind(k), j) for k, j in rec.dependency),
-            "time_limit": rec.time_limit, "array_id": rec.array_id, "array_limit": rec.array_limit}
+            "time_limit": rec.time_limit, "array_id": rec.array_id, "array_limit": rec.array_limit,
+            "begin_time": rec.begin_time}
 
 
 class JobControl:
@@ -214,7 +221,7 @@ class JobControl:
                 submit_time=now, name=name, user=user, deadline=req.deadline, guaranteed=req.guaranteed,
                 command=req.command, cwd=req.cwd, env=env, job_dir=str(d.config.jobs_dir / job_id),
                 array_id=array_id, array_task=task, array_limit=ctl.array_limit, dependency=deps,
-                time_limit=ctl.time_limit, held=ctl.hold, uid=uid, **files,
+                time_limit=ctl.time_limit, held=ctl.hold, uid=uid, begin_time=ctl.begin, **files,
             )
             recs.append((rec, _spec(rec)))  # validates
         with d.journal.batch():  # durable first: a failed write (full disk) leaves no phantom job

@@ -83,6 +83,7 @@ class JobRecord:
     time_limit: float | None = None  # seconds per run
     time_limit_at: float | None = None  # when the current run exceeds it (re-armed after a meshd restart)
     held: bool = False  # a user hold
+    begin_time: float | None = None  # not queued before (--begin)
     output: str = ""  # absolute paths the patterns of --output / --error expanded to ("" : none)
     error: str = ""
     exit_code: int | None = None  # the job's exit code once it ended (a failed rank's; 0 when completed)

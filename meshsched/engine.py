@@ -24,6 +24,7 @@ from meshsched.state import ClusterState, ExecConfig, Job, JobSpec, JobState
 HELD = "JobHeldUser"  # Slurm's pending reasons for jobs kept out of the queue
 DEPENDENCY = "Dependency"
 ARRAY_LIMIT = "JobArrayTaskLimit"
+BEGIN = "BeginTime"
 NEVER = "DependencyNeverSatisfied"
 TIME_LIMIT = "TimeLimit"
 
@@ -69,6 +70,7 @@ class Engine:
         self._array_waiting: dict[str, deque[str]] = {}  # throttled array -> tasks waiting for a slot, in order
         self._ended: list[Job] = []  # jobs that ended in this event (their dependents and arrays are settled)
         self._limits: dict[str, float] = {}  # job holding GPUs -> when its run exceeds its time limit
+        self._begins: dict[str, float] = {}  # job kept out until its begin time -> that time
         self._policy_at: float | None = None  # when the policy's own timer is due
         self.settled: list[str] = []  # jobs job control moved in the last `handle` besides the event's own
         self._handlers: dict[type, Callable[[ev.Event, float, list[Action]], Trigger | None]] = {
@@ -324,8 +326,12 @@ class Engine:
             self._log(now, e.stimulus_id, None, f"ignored Tick {e.key} (superseded timer)")
             return None
         self._timer_at = None
-        if self._limits and self._expire_limits(now, e.stimulus_id, actions) and not self._policy_due(now):
-            return None  # only time limits were due: their pauses free the GPUs and start the next pass
+        expired = bool(self._limits) and self._expire_limits(now, e.stimulus_id, actions)
+        begun = bool(self._begins) and self._begin_due(now, e.stimulus_id)
+        if (expired or begun) and not self._policy_due(now):
+            # only job control's times were due: jobs whose begin time came get a pass; the pauses of jobs
+            # past their time limit free their GPUs and start one when they land
+            return Trigger.RELEASE if begun else None
         return Trigger.TICK
 
     # ---------------------------------------------------------------- scheduling
@@ -394,9 +400,10 @@ class Engine:
 
     def _arm_timer(self, now: float, actions: list[Action]) -> None:
         at = self._policy_at = self.policy.next_timer(self.view(), now)
-        if self._limits:
-            first = min(self._limits.values())
-            at = first if at is None else min(at, first)
+        for times in (self._limits, self._begins):
+            if times:
+                first = min(times.values())
+                at = first if at is None else min(at, first)
         if self._deferred:
             for job_id in [j for j, t in self._deferred.items() if t <= now]:
                 del self._deferred[job_id]  # its deferral ran out: the pass that just ran saw it
@@ -572,7 +579,7 @@ class Engine:
 
     # ---------------------------------------------------------------- job control (hold, dependencies, arrays, limits)
 
-    def _gate(self, job: Job) -> str:
+    def _gate(self, job: Job, now: float) -> str:
         """Why a queued job must stay out of the queue ("" when it may join it; NEVER when it never may)."""
         spec = job.spec
         waiting = False
@@ -586,6 +593,8 @@ class Engine:
             return HELD
         if waiting:
             return DEPENDENCY
+        if spec.begin_time is not None and spec.begin_time > now:
+            return BEGIN
         if spec.array_limit and len(self._array_play.get(spec.array_id, ())) >= spec.array_limit:
             return ARRAY_LIMIT
         return ""
@@ -598,7 +607,7 @@ class Engine:
             target = self.state.jobs.get(d.job_id)
             if target is not None and not target.state.is_terminal:
                 self._dependents.setdefault(d.job_id, set()).add(spec.job_id)
-        why = self._gate(job)
+        why = self._gate(job, now)
         self._blocked.pop(spec.job_id, None)
         if why == NEVER:
             job.transition(JobState.CANCELLED, now)
@@ -611,6 +620,8 @@ class Engine:
             job.reason = why
             if why == ARRAY_LIMIT:
                 self._array_waiting.setdefault(spec.array_id, deque()).append(spec.job_id)
+            elif why == BEGIN:
+                self._begins[spec.job_id] = spec.begin_time
         else:
             job.reason = ""
             if spec.array_limit:
@@ -628,7 +639,7 @@ class Engine:
             spec = job.spec
             for other in sorted(self._dependents.pop(spec.job_id, ())):
                 why = self._blocked.get(other)
-                if why == DEPENDENCY or (why is not None and self._gate(self.state.jobs[other]) == NEVER):
+                if why == DEPENDENCY or (why is not None and self._gate(self.state.jobs[other], now) == NEVER):
                     queued |= self._admit(self.state.jobs[other], now, stimulus)
             if spec.array_limit:
                 self._array_play.get(spec.array_id, set()).discard(spec.job_id)
@@ -641,6 +652,15 @@ class Engine:
         while waiting and len(self._array_play.get(array_id, ())) < limit:
             job_id = waiting.popleft()
             if self._blocked.get(job_id) == ARRAY_LIMIT:  # else it was cancelled or held meanwhile
+                queued |= self._admit(self.state.jobs[job_id], now, stimulus)
+        return queued
+
+    def _begin_due(self, now: float, stimulus: str) -> bool:
+        """Admit the jobs whose begin time came; True if any joined the queue."""
+        queued = False
+        for job_id in sorted(j for j, at in self._begins.items() if at <= now):
+            del self._begins[job_id]
+            if self._blocked.get(job_id) == BEGIN:  # else cancelled or held meanwhile
                 queued |= self._admit(self.state.jobs[job_id], now, stimulus)
         return queued
 
@@ -707,7 +727,7 @@ class Engine:
 
 def _controlled(spec: JobSpec) -> bool:
     """Whether job control gates the job before it joins the queue."""
-    return bool(spec.dependencies or spec.array_limit)
+    return bool(spec.dependencies or spec.array_limit or spec.begin_time is not None)
 
 
 def _fmt_deps(spec: JobSpec, jobs: dict) -> str:

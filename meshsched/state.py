@@ -105,6 +105,7 @@ class JobSpec:
     time_limit: float | None = None  # seconds each run may last (from its launch); then it ends as TIMEOUT
     array_id: str = ""  # the job array it is a task of ("": none)
     array_limit: int = 0  # at most this many tasks of its array queued or running at once (0: no limit)
+    begin_time: float | None = None  # not queued before this time (Slurm's --begin), on submit_time's clock
 
     def __post_init__(self) -> None:
         if not self.job_id:

@@ -166,6 +166,17 @@ def test_timeout_satisfies_afterany_and_afternotok_not_afterok():
     assert h.job("notok").state is S.LOADING
 
 
+def test_a_begin_time_keeps_the_job_out_until_the_engines_timer_says_so():
+    h = Harness()
+    spec = JobSpec("a", 1, "m", 100, 100, submit_time=0.0, begin_time=50.0)
+    out = h(ev.JobSubmitted(h.sid("submit"), spec), 0.0)
+    assert launched(out) == [] and h.engine.pending_reason("a") == "BeginTime"
+    assert [a.at for a in out if isinstance(a, ScheduleTimer)] == [50.0]
+    assert launched(h(ev.Tick(h.sid("tick"), h.engine._timer_key), 50.0)) == ["a"]
+    spec = JobSpec("b", 1, "m", 100, 100, submit_time=60.0, begin_time=10.0)  # already past: queued at once
+    assert launched(h(ev.JobSubmitted(h.sid("submit"), spec), 60.0)) == ["b"]
+
+
 # ------------------------------------------------------------------------------------------ arrays
 
 
@@ -432,3 +443,17 @@ def test_cancel_by_filters_and_signal_in_one_request(served, mesh, tmp_path):
         assert r.exit_code in (1, 2) and msg in r.stderr and "Traceback" not in r.output, (bad, r.output)
     r = mesh("cancel", "--me")
     assert r.exit_code == 0 and a in r.stdout
+
+
+def test_begin(served, mesh, script):
+    from meshsched.cli.jobs import parse_begin
+
+    assert parse_begin("now+90", 1000.0) == 1090.0 and parse_begin("now+2hours", 0.0) == 7200.0
+    assert parse_begin("now+5m", 0.0) == 300.0
+    with pytest.raises(SystemExit):
+        parse_begin("soon", 0.0)
+    job = mesh("submit", script, "--begin", "now+2", "--", "0").stdout.split()[-1]
+    assert "(BeginTime)" in mesh("ls", job).stdout
+    poll(lambda: served.records[job].state == "COMPLETED", what="started after its begin time")
+    rec = served.records[job]
+    assert rec.start_time >= rec.begin_time
