@@ -350,6 +350,9 @@ class Engine:
                 actions.append(FitModel(d.fit, d.request))
                 continue
             job = jobs[d.job_id]
+            if self._blocked and d.job_id in self._blocked:  # a policy that found it by its state (a Lazer
+                self._log(now, stimulus, job, f"ignored {kind.__name__}: {self._blocked[d.job_id]}")  # deferral)
+                continue
             if isinstance(d, Start):
                 if not job.state.is_queued:
                     raise ValueError(f"policy started {job.job_id} which is {job.state.value}")

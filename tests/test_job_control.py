@@ -108,6 +108,28 @@ def test_hold_a_queued_job_keeps_it_out_until_released_and_is_ignored_for_a_runn
     assert launched(h(ev.ReleaseRequested(h.sid("rel"), "a"), 6.0)) == ["a"]
 
 
+def test_a_policy_that_names_a_held_job_is_not_obeyed():
+    """A policy may find a job by its state (Lazer's deferrals): held or waiting, it is not started."""
+    from meshsched.policies.base import Start
+
+    class Eager:
+        def __init__(self, real):
+            self.real = real
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+        def schedule(self, view, now, trigger):
+            return [Start("a", (0,), "eager")]
+
+    h = Harness()
+    submit(h, "a", 0.0, held=True)
+    h.engine.policy = Eager(h.engine.policy)
+    out = submit(h, "b", 1.0)  # a pass, in which the policy names only the held job
+    assert launched(out) == [] and h.job("a").state is S.PENDING and h.job("a").held
+    assert any("ignored Start: JobHeldUser" in e.message for e in h.engine.explain("a"))
+
+
 def test_cancel_of_a_held_job():
     h = Harness()
     submit(h, "a", 0.0, held=True)
