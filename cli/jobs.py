@@ -265,6 +265,11 @@ def show(job_id: str, as_json: bool = False) -> None:
     lines.append(f"{'micro-batch x accum':>22}: {batch(job)}")
     lines.append(f"{'MPS %':>22}: {mps(job)}")
     lines.append(f"{'command':>22}: {' '.join(job['command'])}")
+    control = {"array": job.get("array_id") and f"{job['array_id']} task {job.get('array_task')}",
+               "dependency": ",".join(f"{k}:{j}" for k, j in job.get("dependency") or ()),
+               "time limit": job.get("time_limit") and fmt_time(job["time_limit"]),
+               "held": "yes" if job.get("held") else "", "output": job.get("output"), "error": job.get("error")}
+    lines += [f"{key:>22}: {value}" for key, value in control.items() if value]
     lines.append(f"{'time':>22}: {fmt_time(job['elapsed'])}")
     for at, state, reason in job.get("history", []):
         lines.append(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}  {state:<10} {reason}")

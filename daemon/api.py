@@ -54,8 +54,10 @@ def _record(request: web.Request):
     job_id = request.match_info["job_id"]
     rec = daemon.records.get(job_id)
     if rec is None:
-        raise web.HTTPNotFound(text=json.dumps({"error": f"unknown job {job_id[:64]}"}),
-                               content_type="application/json")
+        tasks = daemon.control.targets(job_id)
+        why = (f"{job_id} is an array of {len(tasks)} tasks ({tasks[0].job_id} ..); name one task, or list them "
+               f"with `mesh ls {job_id}`") if tasks else f"unknown job {job_id[:64]}"
+        raise web.HTTPNotFound(text=json.dumps({"error": why}), content_type="application/json")
     return daemon, rec
 
 

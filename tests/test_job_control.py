@@ -479,3 +479,14 @@ def test_begin(served, mesh, script):
     poll(lambda: served.records[job].state == "COMPLETED", what="started after its begin time")
     rec = served.records[job]
     assert rec.start_time >= rec.begin_time
+
+
+def test_show_names_job_control_and_an_array_id_says_what_it_is(served, mesh, script):
+    r = mesh("submit", script, "--array", "0-1", "--hold", "--time", "90", "-o", "/tmp/x-%j", "--", "0")
+    array = r.stdout.split()[3]
+    shown = mesh("show", f"{array}_1").stdout
+    for line in (f"array: {array} task 1", "time limit: 1:30:00", "held: yes", f"output: /tmp/x-{array}_1"):
+        assert line in shown, shown
+    r = mesh("show", array)
+    assert r.exit_code == 1 and f"{array} is an array of 2 tasks" in r.stderr
+    mesh("cancel", array)
