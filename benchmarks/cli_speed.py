@@ -12,6 +12,8 @@ median wall time of each, the median over rounds of its time divided by the same
 the median CPU time (user + system of the reaped process; steadier than wall time on a busy machine) with its
 ratio to `python -c pass`'s.
 If `squeue` is on PATH, it is timed the same way beside ours (against whatever Slurm it talks to).
+After the rounds, `mesh submit --array 0-(N-1) --json` (N = --array-tasks, one request for the whole array) is
+timed --array-repeat times the same way, and the distinct task ids each answer names are counted.
 Everything started is stopped at the end (the jobs are cancelled, then meshd).
 """
 
@@ -70,6 +72,24 @@ def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc.returncode
 
 
+def time_array(mesh: list[str], script: str, tasks: int, repeat: int, env: dict[str, str]) -> dict:
+    """`mesh submit --array 0-(tasks-1) --json`, end to end, `repeat` times; the distinct ids each answer names."""
+    times, distinct, codes = [], [], set()
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        proc = subprocess.run([*mesh, "submit", "--array", f"0-{tasks - 1}", "--json", script], env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, check=False)
+        times.append(time.perf_counter() - t0)
+        codes.add(proc.returncode)
+        try:
+            distinct.append(len(set(json.loads(proc.stdout)["job_ids"])))
+        except (ValueError, KeyError):
+            distinct.append(0)
+    return {"tasks": tasks, "repeat": repeat, "median_ms": round(statistics.median(times) * 1e3, 1),
+            "min_ms": round(min(times) * 1e3, 1), "max_ms": round(max(times) * 1e3, 1), "distinct_ids": distinct,
+            "exit_codes": sorted(codes)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=1000, help="unfinished jobs in meshd while timing (default 1000)")
@@ -78,6 +98,8 @@ def main() -> None:
     p.add_argument("--mesh", type=Path, default=Path(sys.executable).parent / "mesh",
                    help="the `mesh` script to time (default: the one beside this interpreter); `python -c pass` "
                         "runs on the interpreter its first line names")
+    p.add_argument("--array-tasks", type=int, default=300, help="tasks of the timed `mesh submit --array` (default 300)")
+    p.add_argument("--array-repeat", type=int, default=3, help="times the array submit is timed (default 3)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args()
     if args.jobs < 2 or args.repeat < 1:
@@ -126,6 +148,7 @@ def main() -> None:
                     times[label].append(dt)
                     cpus[label].append(cpu)
                     codes[label].add(rc)
+            array = time_array(mesh, str(trivial), args.array_tasks, args.array_repeat, env)
         finally:
             for job in client.call("GET", "/v1/jobs?all=0"):
                 if job["state"] in ("LOADING", "RUNNING", "PAUSING"):
@@ -148,7 +171,7 @@ def main() -> None:
                      "cpu_ratio_to_python": round(cpu / base_cpu, 2) if base_cpu else None,
                      "exit_codes": sorted(codes[label])})
     report = {"jobs": args.jobs, "rounds": args.repeat, "fill_seconds": round(fill_s, 2), "python": python,
-              "mesh": " ".join(mesh), "squeue": squeue or None, "commands": rows}
+              "mesh": " ".join(mesh), "squeue": squeue or None, "commands": rows, "array_submit": array}
     if args.json:
         print(json.dumps(report, indent=2))
         return
@@ -159,6 +182,9 @@ def main() -> None:
         cpu_ratio = f"{r['cpu_ratio_to_python']:.2f}" if r["cpu_ratio_to_python"] else "-"
         print(f"{r['command']:<32} {r['median_ms']:>8.1f} {r['min_ms']:>6.1f} {r['max_ms']:>6.1f} "
               f"{r['ratio_to_python']:>8.2f} {r['cpu_ms']:>7.1f} {cpu_ratio:>8}  {','.join(map(str, r['exit_codes']))}")
+    print(f"mesh submit --array 0-{array['tasks'] - 1} (one request): median {array['median_ms']:.1f} ms, min "
+          f"{array['min_ms']:.1f}, max {array['max_ms']:.1f} over {array['repeat']}; distinct task ids per answer: "
+          f"{','.join(map(str, array['distinct_ids']))}; exit {','.join(map(str, array['exit_codes']))}")
     if not squeue:
         print("squeue: not on this machine (Slurm's figures are printed beside ours when it is)")
 

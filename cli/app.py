@@ -39,18 +39,43 @@ def submit(
     deadline: str = typer.Option("", "--deadline", help="2h / 90m / ISO date-time"),
     guaranteed: bool = typer.Option(False, "--guaranteed/--best-effort", help="performance guarantee"),
     as_json: bool = typer.Option(False, "--json", help="print the job as JSON"),
+    array: str = typer.Option(
+        "", "--array", "-a",
+        help="a job array in one request: task ids 0-299, 1,3,5-7 or 0-15:4, with %N for at most N at once "
+             "(0-999%8); tasks are jobs ARRAY_TASK with MESH_ARRAY_TASK_ID set",
+    ),  # fmt: skip
+    dependency: str = typer.Option(
+        "", "--dependency", "-d",
+        help="start after other jobs end: afterok:ID[:ID], afterany:ID, afternotok:ID, several joined by ',' "
+             "(an array id: all its tasks); one that can never be met cancels the job (DependencyNeverSatisfied)",
+    ),  # fmt: skip
+    time_limit: str = typer.Option(
+        "", "--time", "-t",
+        help="time limit per run: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM:SS; then checkpoint and stop (TIMEOUT)",
+    ),  # fmt: skip
+    hold: bool = typer.Option(False, "--hold", help="submit held: queued only after `mesh release`"),
+    wait: bool = typer.Option(False, "--wait", "-W", help="block until the job (every task) ends; exit with its code"),
+    output: str = typer.Option(
+        "", "--output", "-o", help="also append stdout to this file: %j job id, %A array id, %a task, %u user, "
+                                   "%x name (the per-rank logs stay in the job directory)"),
+    error: str = typer.Option("", "--error", "-e", help="stderr to this file (same patterns); default: with stdout"),
+    begin: str = typer.Option(
+        "", "--begin", "-b", help="not before: now+N (seconds), now+5m, now+2hours, HH:MM[:SS], or an ISO date-time "
+                                  "(reason BeginTime until then)"),
 ) -> None:
     """Submit a training job; prints its id."""
-    jobs.submit(str(script), list(args or []), gpus, batch_size, iters, model, name, deadline, guaranteed, as_json)
+    jobs.submit(str(script), list(args or []), gpus, batch_size, iters, model, name, deadline, guaranteed, as_json,
+                array, dependency, time_limit, hold, wait, output, error, begin)
 
 
 @app.command("ls")
 def ls(
+    job_ids: list[str] = typer.Argument(None, help="only these jobs (an array id: all its tasks, ended or not)"),
     all_jobs: bool = typer.Option(False, "--all", "-a", help="include finished jobs"),
     as_json: bool = typer.Option(False, "--json", help="print the jobs as JSON"),
 ) -> None:
     """List jobs like squeue: JOBID NAME USER STATE TIME GPUS NODE(REASON)."""
-    jobs.ls(all_jobs, as_json)
+    jobs.ls(all_jobs, as_json, list(job_ids or []) or None)
 
 
 @app.command()
@@ -73,13 +98,42 @@ def logs(
 
 
 @app.command()
-def cancel(job_ids: list[str] = typer.Argument(..., help="job ids")) -> None:
+def cancel(
+    job_ids: list[str] = typer.Argument(None, help="job ids (an array id: every task of it)"),
+    state: str = typer.Option("", "--state", "-t", help="only jobs in these states (PENDING,RUNNING,...)"),
+    name: str = typer.Option("", "--name", "-n", help="only jobs with this name"),
+    user: str = typer.Option("", "--user", "-u", help="only this user's jobs"),
+    me: bool = typer.Option(False, "--me", help="only my jobs (all of them, with no other filter)"),
+    signal: str = typer.Option("", "--signal", "-s", help="send this signal (USR1, 10) to the ranks instead"),
+) -> None:
     """Cancel jobs (running ones get SIGTERM, then SIGKILL after the grace period).
 
-    Exit status: 0 every job was cancelled; 3 a job had already ended (nothing done to it); 1 meshd refused
-    one (e.g. unknown job); 2 usage error or meshd not reachable.
+    With filters (--state, --name, --user, --me; all must hold) or --signal, one request selects every
+    unfinished job they match, among the given ids when there are any; a user who is not an operator selects
+    among their own jobs only.
+
+    Exit status: 0 every job was cancelled; 3 a job had already ended (nothing done to it), or no job matched
+    the filters; 1 meshd refused one (e.g. unknown job); 2 usage error or meshd not reachable.
     """
-    jobs.cancel(job_ids)
+    jobs.cancel(list(job_ids or []), state, name, user, me, signal)
+
+
+@app.command()
+def hold(job_ids: list[str] = typer.Argument(..., help="job or array ids")) -> None:
+    """Keep queued jobs from starting until `mesh release` (reason JobHeldUser). Exit 1 if one was refused."""
+    jobs.hold(job_ids)
+
+
+@app.command()
+def release(job_ids: list[str] = typer.Argument(..., help="job or array ids")) -> None:
+    """Let held jobs be scheduled again. Exit 1 if one was refused (e.g. not held)."""
+    jobs.release(job_ids)
+
+
+@app.command()
+def requeue(job_ids: list[str] = typer.Argument(..., help="job or array ids")) -> None:
+    """Checkpoint running jobs and queue them again; they resume from the checkpoint. Exit 1 if one was refused."""
+    jobs.requeue(job_ids)
 
 
 @app.command()

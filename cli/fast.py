@@ -1,4 +1,5 @@
-"""The lean parser for the common commands (submit, ls, show, logs, cancel, nodes): no typer, no click.
+"""The lean parser for the common commands (submit, ls, show, logs, cancel, hold, release, requeue, nodes): no
+typer, no click.
 
 It takes the command lines those commands take in the typer app (cli/app.py: same options, same
 defaults; tests/test_cli_fast.py holds the two together) and returns the call to make. Anything else
@@ -20,12 +21,24 @@ COMMANDS = {
         "--iters": ("iters", int), "--model": ("model", str), "--name": ("name", str),
         "--deadline": ("deadline", str), "--guaranteed": ("guaranteed", True),
         "--best-effort": ("guaranteed", False), **_JSON,
+        "--array": ("array", str), "-a": ("array", str), "--dependency": ("dependency", str),
+        "-d": ("dependency", str), "--time": ("time_limit", str), "-t": ("time_limit", str),
+        "--hold": ("hold", True), "--wait": ("wait", True), "-W": ("wait", True), "--output": ("output", str),
+        "-o": ("output", str), "--error": ("error", str), "-e": ("error", str), "--begin": ("begin", str),
+        "-b": ("begin", str),
     }),
-    "ls": (jobs.ls, (), {"--all": ("all_jobs", True), "-a": ("all_jobs", True), **_JSON}),
+    "ls": (jobs.ls, ("job_ids*",), {"--all": ("all_jobs", True), "-a": ("all_jobs", True), **_JSON}),
     "show": (jobs.show, ("job_id",), _JSON),
     "logs": (jobs.logs, ("job_id",), {"--follow": ("follow", True), "-f": ("follow", True),
                                       "--rank": ("rank", int), "-r": ("rank", int)}),
-    "cancel": (jobs.cancel, ("job_ids+",), {}),
+    "cancel": (jobs.cancel, ("job_ids*",), {
+        "--state": ("state", str), "-t": ("state", str), "--name": ("name", str), "-n": ("name", str),
+        "--user": ("user", str), "-u": ("user", str), "--me": ("me", True), "--signal": ("signal", str),
+        "-s": ("signal", str),
+    }),
+    "hold": (jobs.hold, ("job_ids+",), {}),
+    "release": (jobs.release, ("job_ids+",), {}),
+    "requeue": (jobs.requeue, ("job_ids+",), {}),
     "nodes": (jobs.nodes, (), _JSON),
 }  # fmt: skip
 
@@ -70,7 +83,8 @@ def parse(argv: list[str]):
         if param.endswith("*") or param.endswith("+"):
             if param.endswith("+") and not values:
                 return None
-            kwargs[param[:-1]] = values
+            if values:  # none given: the function's default
+                kwargs[param[:-1]] = values
             values = []
         elif values:
             kwargs[param] = values.pop(0)

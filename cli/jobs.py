@@ -1,4 +1,5 @@
-"""The job commands (`submit`, `ls`, `show`, `logs`, `cancel`, `nodes`, `top`): thin clients of meshd's API.
+"""The job commands (`submit`, `ls`, `show`, `logs`, `cancel`, `hold`, `release`, `requeue`, `nodes`, `top`):
+thin clients of meshd's API.
 
 Plain functions with keyword arguments, called by the lean parser (cli/fast.py) and by the typer app
 (cli/app.py) alike. Module imports are stdlib only (no typer, no rich, no pathlib): a `mesh ls` pays only
@@ -14,7 +15,7 @@ import time
 from meshsched.cli.client import SOCKET_HELP, ApiError, Client, DaemonUnavailable, error_of
 from meshsched.cli.output import columns, fail, print_json, print_json_bytes
 
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 NOTHING_TO_CANCEL = 3  # `mesh cancel` exit code when a job had already ended (documented in --help, README)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -78,6 +79,56 @@ def parse_deadline(text: str, now: float) -> float:
         fail(f"--deadline {text!r}: give a duration like 2h / 90m or an ISO date-time")
 
 
+def parse_begin(text: str, now: float) -> float:
+    """Slurm's --begin: now+N (seconds), now+N{s,m,h,d} or now+N{minutes,hours,days}, HH:MM[:SS] (today, or
+    tomorrow once past), or an ISO date[-time] -> UNIX time."""
+    t = text.strip().lower()
+    if t.startswith("now+"):
+        amount = t[4:]
+        for word, unit in (("minutes", "m"), ("minute", "m"), ("hours", "h"), ("hour", "h"), ("days", "d"),
+                           ("day", "d"), ("seconds", "s"), ("second", "s")):
+            if amount.endswith(word):
+                amount = amount[: -len(word)] + unit
+                break
+        if amount.isdigit():
+            amount += "s"
+        if amount[-1:] in _UNITS and amount[:-1].isdigit():
+            return now + int(amount[:-1]) * _UNITS[amount[-1]]
+    from datetime import datetime, timedelta
+
+    parts = t.split(":")
+    if 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
+        h, m, s = (list(map(int, parts)) + [0])[:3]
+        if h < 24 and m < 60 and s < 60:
+            at = datetime.fromtimestamp(now).replace(hour=h, minute=m, second=s, microsecond=0)
+            return (at if at.timestamp() > now else at + timedelta(days=1)).timestamp()
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        fail(f"--begin {text!r}: give now+N (seconds) / now+5m / now+2hours, HH:MM[:SS], or an ISO date-time")
+
+
+def parse_time_limit(text: str) -> float:
+    """Slurm's --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS -> seconds (> 0)."""
+    days, dash, rest = text.strip().rpartition("-") if "-" in text else ("", "", text.strip())
+    parts = rest.split(":")
+    try:
+        if any(not p.isdigit() for p in parts) or (dash and not days.isdigit()) or len(parts) > 3:
+            raise ValueError
+        nums = [int(p) for p in parts]
+        if dash:  # D-HH[:MM[:SS]]
+            h, m, s = (nums + [0, 0])[:3]
+            seconds = int(days) * 86400 + h * 3600 + m * 60 + s
+        else:  # MM, MM:SS, HH:MM:SS
+            seconds = {1: lambda: nums[0] * 60, 2: lambda: nums[0] * 60 + nums[1],
+                       3: lambda: nums[0] * 3600 + nums[1] * 60 + nums[2]}[len(nums)]()
+    except ValueError:
+        fail(f"--time {text!r}: give MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (as in 1:30:00)")
+    if seconds <= 0:
+        fail(f"--time {text!r}: the limit must be longer than zero")
+    return float(seconds)
+
+
 def build_command(script: str, args: list[str]) -> list[str]:
     path = os.path.realpath(script)
     if path.endswith(".py") or not os.access(path, os.X_OK):
@@ -128,7 +179,8 @@ def _out(lines: list[str]) -> None:
 
 def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size: int = 32, iters: int | None = None,
            model: str = "custom", name: str = "", deadline: str = "", guaranteed: bool = False,
-           as_json: bool = False) -> None:
+           as_json: bool = False, array: str = "", dependency: str = "", time_limit: str = "", hold: bool = False,
+           wait: bool = False, output: str = "", error: str = "", begin: str = "") -> None:
     if gpus < 1:
         fail(f"--gpus must be at least 1, got {gpus}")
     if iters is not None and iters < 1:
@@ -144,15 +196,52 @@ def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size
     }  # fmt: skip
     if iters is not None:  # else meshd takes the total a meshsched.job script declares (or its default)
         body["iterations"] = iters
+    for key, value in (("array", array), ("dependency", dependency), ("output", output), ("error", error)):
+        if value:  # job control (meshd checks them and says what is wrong in one line)
+            body[key] = value
+    if time_limit:
+        body["time_limit"] = parse_time_limit(time_limit)
+    if hold:
+        body["hold"] = True
+    if begin:
+        body["begin"] = parse_begin(begin, time.time())
     job = api_call("POST", "/v1/jobs", body)
+    job_id = job.get("array_id") or job["job_id"]
     if as_json:
         print_json(job)
+    elif "job_ids" in job:
+        ids = job["job_ids"]
+        sys.stdout.write(f"Submitted array job {job_id} ({len(ids)} tasks: {ids[0]} .. {ids[-1]})\n")
     else:
-        sys.stdout.write(f"Submitted job {job['job_id']}\n")
+        sys.stdout.write(f"Submitted job {job_id}\n")
+    if wait:
+        sys.stdout.flush()
+        raise SystemExit(wait_for(job_id))
 
 
-def ls(all_jobs: bool = False, as_json: bool = False) -> None:
-    url = "/v1/jobs?all=1" if all_jobs else "/v1/jobs?all=0"
+def wait_for(job_id: str) -> int:
+    """Block until the job (every task of an array) ended; its exit code: 0 COMPLETED, a failed rank's code,
+    else 1 (FAILED without a code, CANCELLED, TIMEOUT); the highest over an array's tasks."""
+    client = Client(timeout=90.0)
+    while True:
+        answer = api_call("GET", f"/v1/jobs/{job_id}/wait?timeout=60", client=client)
+        if answer["done"]:
+            break
+    code = 0
+    for j in answer["jobs"]:
+        if j["state"] == "COMPLETED":
+            continue
+        own = j.get("exit_code")
+        code = max(code, own if j["state"] == "FAILED" and isinstance(own, int) and 0 < own < 256 else 1)
+        why = f" ({j['reason']})" if j.get("reason") else ""
+        sys.stderr.write(f"mesh: job {j['job_id']} ended {j['state']}{why}\n")
+    return code
+
+
+def ls(all_jobs: bool = False, as_json: bool = False, job_ids: list[str] | None = None) -> None:
+    url = "/v1/jobs?all=1" if all_jobs or job_ids else "/v1/jobs?all=0"
+    if job_ids:  # those jobs (an array id: all of its tasks), ended or not
+        url += "&job=" + ",".join(job_ids)
     if as_json:
         print_json_bytes(api_json_bytes(url))
     else:
@@ -176,6 +265,11 @@ def show(job_id: str, as_json: bool = False) -> None:
     lines.append(f"{'micro-batch x accum':>22}: {batch(job)}")
     lines.append(f"{'MPS %':>22}: {mps(job)}")
     lines.append(f"{'command':>22}: {' '.join(job['command'])}")
+    control = {"array": job.get("array_id") and f"{job['array_id']} task {job.get('array_task')}",
+               "dependency": ",".join(f"{k}:{j}" for k, j in job.get("dependency") or ()),
+               "time limit": job.get("time_limit") and fmt_time(job["time_limit"]),
+               "held": "yes" if job.get("held") else "", "output": job.get("output"), "error": job.get("error")}
+    lines += [f"{key:>22}: {value}" for key, value in control.items() if value]
     lines.append(f"{'time':>22}: {fmt_time(job['elapsed'])}")
     for at, state, reason in job.get("history", []):
         lines.append(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}  {state:<10} {reason}")
@@ -217,8 +311,15 @@ def logs(job_id: str, follow: bool = False, rank: int = 0) -> None:
             time.sleep(0.5)  # client-side follow, like tail -f
 
 
-def cancel(job_ids: list[str]) -> None:
-    """Cancel each job; exit 0 when every one was cancelled, NOTHING_TO_CANCEL when one had already ended."""
+def cancel(job_ids: list[str] | None = None, state: str = "", name: str = "", user: str = "", me: bool = False,
+           signal: str = "") -> None:
+    """Cancel each job; exit 0 when every one was cancelled, NOTHING_TO_CANCEL when one had already ended.
+    With filters or --signal, one request selects (and cancels or signals) every unfinished job they match."""
+    job_ids = list(job_ids or [])
+    if state or name or user or me or signal:
+        return _bulk_cancel(job_ids, state, name, user, me, signal)
+    if not job_ids:
+        fail("name the jobs to cancel: ids, or a filter (--state, --name, --user, --me)")
     client = Client()
     code = 0
     for job_id in job_ids:
@@ -230,6 +331,13 @@ def cancel(job_ids: list[str]) -> None:
             sys.stderr.write(f"mesh: error: {exc}\n")
             code = max(code, 1)
             continue
+        if "tasks" in job:  # an array: every task of it
+            ended = sum(1 for t in job["tasks"] if t["previous_state"] in TERMINAL)
+            sys.stdout.write(f"array {job_id}: cancelled {len(job['tasks']) - ended} task(s)"
+                             f"{f'; {ended} had already ended' if ended else ''}\n")
+            if ended == len(job["tasks"]):
+                code = code or NOTHING_TO_CANCEL
+            continue
         before = job.get("previous_state", "")
         if before in TERMINAL:
             sys.stdout.write(f"job {job_id} already {before}; nothing to cancel\n")
@@ -238,6 +346,51 @@ def cancel(job_ids: list[str]) -> None:
             sys.stdout.write(f"job {job_id}: {job['state']}\n")
     if code:
         raise SystemExit(code)
+
+
+def _bulk_cancel(job_ids: list[str], state: str, name: str, user: str, me: bool, signal: str) -> None:
+    body = {"job_ids": job_ids, "state": state, "name": name, "user": user, "mine": me, "signal": signal}
+    answer = api_call("POST", "/v1/jobs/cancel", body)
+    if signal:
+        for j in answer["jobs"]:
+            sys.stdout.write(f"job {j['job_id']}: {j['signalled']} rank(s) got signal {answer['signal']}\n")
+    else:
+        for j in answer["jobs"]:
+            sys.stdout.write(f"job {j['job_id']}: {j['state']}\n")
+    if not answer["jobs"]:
+        sys.stdout.write("no unfinished job matched\n")
+        raise SystemExit(NOTHING_TO_CANCEL)
+
+
+def _control(action: str, job_ids: list[str]) -> None:
+    """hold / release / requeue each job (an array id: every task it applies to); exit 1 if meshd refused one."""
+    client = Client()
+    code = 0
+    for job_id in job_ids:
+        try:
+            done = client.call("POST", f"/v1/jobs/{job_id}/{action}")["job_ids"]
+        except DaemonUnavailable as exc:
+            unreachable(client, exc)
+        except ApiError as exc:
+            sys.stderr.write(f"mesh: error: {exc}\n")
+            code = 1
+            continue
+        what = done[0] if done == [job_id] else f"{job_id}: {len(done)} task(s)"
+        sys.stdout.write(f"{action} {what}\n")
+    if code:
+        raise SystemExit(code)
+
+
+def hold(job_ids: list[str]) -> None:
+    _control("hold", job_ids)
+
+
+def release(job_ids: list[str]) -> None:
+    _control("release", job_ids)
+
+
+def requeue(job_ids: list[str]) -> None:
+    _control("requeue", job_ids)
 
 
 def nodes(as_json: bool = False) -> None:

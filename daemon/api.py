@@ -1,8 +1,11 @@
 """meshd's HTTP API (aiohttp) on a Unix socket for `mesh`, optionally on TCP with a bearer token.
 
-Routes: GET /v1/health, GET/POST /v1/jobs (?all=0|1; ?brief=1: the squeue columns only), GET /v1/jobs/{id},
-POST /v1/jobs/{id}/cancel, GET /v1/jobs/{id}/logs?rank=N&offset=B, GET /v1/jobs/{id}/explain, GET /v1/nodes,
-GET /metrics.
+Routes: GET /v1/health, GET/POST /v1/jobs (?all=0|1; ?brief=1: the squeue columns only; ?job=ID[,ID]: those
+jobs or arrays only), GET /v1/jobs/{id}, POST /v1/jobs/{id}/cancel|hold|release|requeue (an array id: every
+task), POST /v1/jobs/cancel (many jobs by ids and filters, or --signal them), GET /v1/jobs/{id}/wait?timeout=S (until the job or every task of the array ended; long poll),
+GET /v1/jobs/{id}/logs?rank=N&offset=B, GET /v1/jobs/{id}/explain, GET /v1/nodes, GET /metrics.
+POST /v1/jobs takes job control's fields besides SubmitRequest's (daemon/jobcontrol.py): one request submits
+a whole array.
 Errors are JSON {"error": "..."} with a 4xx status; a full disk is 507 and any other failure to write
 meshd's state 503, each with one line saying so -- never aiohttp's bare 500.
 """
@@ -14,7 +17,7 @@ import hmac
 import json
 import logging
 import os
-import pwd
+import signal
 import socket
 import sqlite3
 from collections.abc import Awaitable, Callable
@@ -22,12 +25,15 @@ from pathlib import Path
 
 from aiohttp import web
 
-from meshsched.daemon.jobsock import PEERCRED
+from meshsched.daemon.jobcontrol import PLAIN, TERMINAL, ControlRequest
+from meshsched.daemon import users
 from meshsched.daemon.metrics import render_metrics
 from meshsched.protocol import SubmitRequest
 
 DAEMON_KEY = web.AppKey("daemon", object)
 LOG_CHUNK = 1 << 20
+MAX_WAIT = 300.0  # seconds one wait request may block
+PRIVATE = ("command", "cwd", "job_dir", "output", "error", "rank_reports")  # not listed to other users
 LOG = logging.getLogger("meshd")
 
 
@@ -40,14 +46,7 @@ def _error(status: int, message: str) -> web.Response:
 
 
 def _peer_user(request: web.Request) -> str:
-    sock = request.transport.get_extra_info("socket") if request.transport else None
-    if sock is not None and sock.family == socket.AF_UNIX:
-        _, uid, _ = PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
-        try:
-            return pwd.getpwuid(uid).pw_name
-        except KeyError:
-            return str(uid)
-    return "remote"
+    return users.peer(request).name
 
 
 def _record(request: web.Request):
@@ -55,8 +54,10 @@ def _record(request: web.Request):
     job_id = request.match_info["job_id"]
     rec = daemon.records.get(job_id)
     if rec is None:
-        raise web.HTTPNotFound(text=json.dumps({"error": f"unknown job {job_id[:64]}"}),
-                               content_type="application/json")
+        tasks = daemon.control.targets(job_id)
+        why = (f"{job_id} is an array of {len(tasks)} tasks ({tasks[0].job_id} ..); name one task, or list them "
+               f"with `mesh ls {job_id}`") if tasks else f"unknown job {job_id[:64]}"
+        raise web.HTTPNotFound(text=json.dumps({"error": why}), content_type="application/json")
     return daemon, rec
 
 
@@ -68,19 +69,29 @@ async def health(request: web.Request) -> web.Response:
 async def list_jobs(request: web.Request) -> web.Response:
     d = request.app[DAEMON_KEY]
     include_done = request.query.get("all", "1") != "0"
-    if request.query.get("brief") == "1":  # the squeue columns only (`mesh ls`)
-        return web.json_response(d.list_brief(include_done), dumps=_compact)
-    return web.json_response(d.list_jobs(include_done))
+    brief = request.query.get("brief") == "1"  # the squeue columns only (`mesh ls`)
+    jobs = d.list_brief(include_done) if brief else d.list_jobs(include_done)
+    if request.query.get("job"):  # some jobs (an array id: its tasks)
+        wanted = {r.job_id for j in request.query["job"].split(",") for r in d.control.targets(j)}
+        jobs = [j for j in jobs if j["job_id"] in wanted]
+    who = users.peer(request)
+    if not brief and not who.operator:  # many users: the queue is public, what others run and where is not
+        jobs = [j if j["uid"] == who.uid else {k: v for k, v in j.items() if k not in PRIVATE} for j in jobs]
+    return web.json_response(jobs, dumps=_compact) if brief else web.json_response(jobs)
 
 
 async def submit(request: web.Request) -> web.Response:
     d = request.app[DAEMON_KEY]
     try:
-        req = SubmitRequest.from_json(await request.json())
-        rec = d.submit(req, _peer_user(request))
+        ctl, body = ControlRequest.split(await request.json())
+        req = SubmitRequest.from_json(body)
+        who = users.peer(request)
+        if ctl is PLAIN and who.operator:
+            return web.json_response(d.job_view(d.submit(req, who.name)), status=201)
+        answer, status = d.control.submit(req, ctl, who.name, None if who.operator else who.uid)
     except ValueError as exc:  # RequestError, SubmitError, bad JSON, JobSpec validation
         return _error(400, str(exc))
-    return web.json_response(d.job_view(rec), status=201)
+    return web.json_response(answer, status=status)
 
 
 async def show(request: web.Request) -> web.Response:
@@ -91,9 +102,90 @@ async def show(request: web.Request) -> web.Response:
 
 
 async def cancel(request: web.Request) -> web.Response:
+    d = request.app[DAEMON_KEY]
+    job_id = request.match_info["job_id"]
+    if job_id not in d.records and d.control.targets(job_id):  # an array: every task of it
+        tasks = []
+        with d.journal.batch():
+            for rec in d.control.targets(job_id):
+                before = rec.state
+                tasks.append({"job_id": rec.job_id, "state": _shown(d.cancel(rec.job_id)), "previous_state": before})
+        return web.json_response({"array_id": job_id, "tasks": tasks})
     d, rec = _record(request)
     before = rec.state  # `mesh cancel` says when the job had already ended and nothing was done
     return web.json_response(dict(d.job_view(d.cancel(rec.job_id)), previous_state=before))
+
+
+async def bulk_cancel(request: web.Request) -> web.Response:
+    """POST /v1/jobs/cancel {"job_ids", "state", "name", "user", "mine", "signal"}: cancel (or signal) every
+    unfinished job they select, in one request; a user who is not an operator selects among their own jobs."""
+    d = request.app[DAEMON_KEY]
+    who = users.peer(request)
+    try:
+        query = await request.json()
+        recs = d.control.select(query, who)
+        signum = _signal(query.get("signal"))
+    except LookupError as exc:
+        return _error(404, str(exc.args[0]))
+    except ValueError as exc:
+        return _error(400, str(exc))
+    if not who.operator:  # ids of other users' jobs are refused, not skipped in silence
+        why = users.refusal(who, [r for i in query.get("job_ids") or [] for r in d.control.targets(i)])
+        if why:
+            return _error(403, why)
+    if signum is not None:
+        return web.json_response({"signal": signum, "jobs": d.control.signal(recs, signum)})
+    jobs = []
+    with d.journal.batch():
+        for rec in recs:
+            before = rec.state
+            jobs.append({"job_id": rec.job_id, "state": _shown(d.cancel(rec.job_id)), "previous_state": before})
+    return web.json_response({"jobs": jobs})
+
+
+def _shown(rec) -> str:
+    """A job's state as `mesh` shows it: COMPLETING while a cancelled job's processes are still exiting."""
+    return "COMPLETING" if rec.cancelling and rec.state in ("LOADING", "RUNNING", "PAUSING") else rec.state
+
+
+def _signal(value: object) -> int | None:
+    """A signal by name (USR1, SIGUSR1) or number; None when none was given."""
+    if value in (None, ""):
+        return None
+    text = str(value).upper()
+    try:
+        return int(signal.Signals(int(text))) if text.isdigit() else int(signal.Signals[text if text.startswith("SIG") else "SIG" + text])
+    except (KeyError, ValueError):
+        raise ValueError(f"--signal {str(value)[:20]!r}: not a signal (give a name like USR1 or a number)") from None
+
+
+async def control(request: web.Request) -> web.Response:
+    """hold / release / requeue a job, or every task of an array it applies to."""
+    d = request.app[DAEMON_KEY]
+    job_id, action = request.match_info["job_id"], request.match_info["action"]
+    try:
+        done = getattr(d.control, action)(job_id)
+    except LookupError as exc:
+        return _error(404, str(exc.args[0]))
+    except ValueError as exc:
+        return _error(409, str(exc))
+    return web.json_response({"job_ids": done})
+
+
+async def wait(request: web.Request) -> web.Response:
+    """Answer once the job (every task of the array) ended, or after ?timeout= seconds: {"done", "jobs"}."""
+    d = request.app[DAEMON_KEY]
+    job_id = request.match_info["job_id"]
+    recs = d.control.targets(job_id)
+    if not recs:
+        return _error(404, f"unknown job {job_id[:64]}")
+    try:
+        timeout = min(MAX_WAIT, max(0.0, float(request.query.get("timeout", "30"))))
+    except ValueError:
+        return _error(400, "timeout must be a number of seconds")
+    await d.control.wait(recs, timeout)
+    return web.json_response({"done": all(r.state in TERMINAL for r in recs), "jobs": [
+        {"job_id": r.job_id, "state": r.state, "reason": r.reason, "exit_code": r.exit_code} for r in recs]})
 
 
 async def explain(request: web.Request) -> web.Response:
@@ -116,13 +208,16 @@ async def logs(request: web.Request) -> web.Response:
     data, size = b"", 0
     truncated = False
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
+        with open(path, "rb", opener=_no_follow) as fh:
+            st = os.fstat(fh.fileno())
+            if rec.uid is not None and st.st_uid != rec.uid:  # a link its user planted to someone else's file
+                return _error(403, f"job {rec.job_id}: its log is not owned by {rec.user}; not reading it")
+            size = st.st_size
             if offset > size:  # the log was rotated since the client's last read: start again from its head
                 offset, truncated = 0, True
             fh.seek(offset)
             data = fh.read(LOG_CHUNK)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         pass
     rotated = path.with_name(path.name + ".1").exists()
     headers = {"X-Log-Offset": str(offset + len(data)), "X-Log-Size": str(size), "X-Job-State": rec.state,
@@ -151,6 +246,30 @@ def _token_guard(token: str):
     return guard
 
 
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
+
+
+def _users_guard(config):
+    """Many users (`submit_users`): who may use the API at all, and act on or read which jobs."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler):
+        who = users.peer(request)
+        if who.operator or request.path == "/v1/health":
+            return await handler(request)
+        if not config.may_submit(who.name):
+            return _error(403, f"user {who.name} may not use this meshd (its operator lists who may in submit_users)")
+        job_id = request.match_info.get("job_id")
+        if job_id is not None:
+            why = users.refusal(who, request.app[DAEMON_KEY].control.targets(job_id))
+            if why:
+                return _error(403, why)
+        return await handler(request)
+
+    return guard
+
+
 @web.middleware
 async def _failures(request: web.Request, handler):
     """Failures of meshd's own I/O become one clear line; nothing reaches aiohttp's generic 500 page."""
@@ -168,13 +287,17 @@ async def _failures(request: web.Request, handler):
 
 
 def make_app(daemon) -> web.Application:
-    app = web.Application(middlewares=[_failures, _token_guard(daemon.config.token)], client_max_size=1 << 20)
+    app = web.Application(middlewares=[_failures, _token_guard(daemon.config.token), _users_guard(daemon.config)],
+                          client_max_size=1 << 20)
     app[DAEMON_KEY] = daemon
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/jobs", list_jobs)
     app.router.add_post("/v1/jobs", submit)
     app.router.add_get("/v1/jobs/{job_id}", show)
+    app.router.add_post("/v1/jobs/cancel", bulk_cancel)
     app.router.add_post("/v1/jobs/{job_id}/cancel", cancel)
+    app.router.add_post("/v1/jobs/{job_id}/{action:hold|release|requeue}", control)
+    app.router.add_get("/v1/jobs/{job_id}/wait", wait)
     app.router.add_get("/v1/jobs/{job_id}/logs", logs)
     app.router.add_get("/v1/jobs/{job_id}/explain", explain)
     app.router.add_get("/v1/nodes", nodes)
@@ -189,7 +312,8 @@ async def start_api(daemon) -> Callable[[], Awaitable[None]]:
     path = daemon.config.api_socket
     path.unlink(missing_ok=True)
     await web.UnixSite(runner, str(path)).start()
-    os.chmod(path, 0o600)  # the API runs jobs as meshd's user: only that user may use it
+    # one user: only meshd's user may use it; many (submit_users): everyone connects, _users_guard decides
+    os.chmod(path, 0o666 if daemon.config.submit_users else 0o600)
     if daemon.config.http_tcp:
         host, _, port = daemon.config.http_tcp.rpartition(":")
         await web.TCPSite(runner, host or "127.0.0.1", int(port)).start()

@@ -24,6 +24,8 @@ Defaults (documented in docs/daemon.md):
                  mesh) and a job requeued to another node resumes from its checkpoint there
   [coordinator]  a table of its own (or MESHD_COORDINATOR_<KEY>): `local` (default) or `etcd`, see
                  docs/coordinator.md
+  submit_users   "" (only meshd's user); "ann,bob,@gpu" or "*": those users, members of group gpu (every
+                 local user) may submit, each job running as its submitter (meshd as root; daemon/users.py)
 """
 
 from __future__ import annotations
@@ -83,6 +85,30 @@ class DaemonConfig:
     mesh_address: str = ""  # (mesh) where other nodes' ranks reach this node's rank 0 (default: node_name)
     checkpoint_root: Path | None = None  # jobs' checkpoints in <root>/<job id> (default: the job's own dir)
     coordinator: Any = None  # CoordinatorConfig; None: the embedded local coordinator
+    submit_users: str = ""  # other local users who may submit ("a,b" or "*": every one); meshd must be root
+
+    def may_submit(self, user: str) -> bool:
+        """Whether a local user other than meshd's own may use the API (`submit_users`: names, @group, *)."""
+        allowed = {u.strip() for u in self.submit_users.split(",") if u.strip()}
+        if "*" in allowed or user in allowed:
+            return True
+        groups = {g[1:] for g in allowed if g.startswith("@")}
+        if not groups:
+            return False
+        import grp
+        import pwd
+
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            return False
+        names = set()
+        for gid in os.getgrouplist(user, pw.pw_gid):
+            try:
+                names.add(grp.getgrgid(gid).gr_name)
+            except KeyError:
+                pass
+        return bool(groups & names)
 
     @property
     def api_socket(self) -> Path:
@@ -119,6 +145,8 @@ class DaemonConfig:
             raise ConfigError("self_preempt_limit must be >= 0")
         if self.systemd_scope not in ("auto", "yes", "no"):
             raise ConfigError(f"systemd_scope must be auto, yes or no, got {self.systemd_scope!r}")
+        if self.submit_users and os.geteuid() != 0:
+            raise ConfigError("submit_users needs meshd to run as root (it starts each job as its submitter)")
         if self.http_tcp and not self.token:
             raise ConfigError("http_tcp needs a token (the TCP API is authenticated)")
         if len(str(self.api_socket)) > 100:

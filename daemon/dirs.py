@@ -41,9 +41,11 @@ def private_dir(path: Path) -> Path:
 
 
 def highest_job_dir(jobs_dir: Path) -> int:
-    """The largest numeric name under `jobs_dir` (0 when none): new job ids continue past it."""
+    """The largest job number under `jobs_dir` (0 when none; an array task's `12_3` counts as 12): new job ids
+    continue past it."""
     try:
         names = os.listdir(jobs_dir)
     except OSError:
         return 0
-    return max((int(n) for n in names if n.isdigit()), default=0)
+    heads = (n.split("_", 1)[0].rsplit(".", 1)[-1] for n in names)  # a mesh's `n1.12_3` counts as 12 too
+    return max((int(h) for h in heads if h.isdigit()), default=0)

@@ -15,15 +15,28 @@ import typing
 from dataclasses import asdict, dataclass, fields, is_dataclass
 
 from meshsched import events as ev
-from meshsched.state import ExecConfig, JobSpec, NodeSpec
+from meshsched.state import Dependency, DependencyKind, ExecConfig, JobSpec, NodeSpec
 
 # every event a node may propose (ModelFitted carries a live model object: it never crosses the mesh)
 LOGGED = {cls.__name__: cls for cls in (
     ev.JobSubmitted, ev.JobStarted, ev.IterationReport, ev.JobPaused, ev.JobFinished, ev.JobFailed,
     ev.CancelRequested, ev.NodeJoined, ev.NodeLost, ev.Tick, ev.CheckpointSaved, ev.ReconfigureApplied,
-    ev.RankReport, ev.TotalDeclared,
+    ev.RankReport, ev.TotalDeclared, ev.HoldRequested, ev.ReleaseRequested, ev.RequeueRequested,
 )}
-_NESTED = {JobSpec: lambda d: JobSpec(**d), NodeSpec: lambda d: NodeSpec(**d), ExecConfig: ExecConfig.from_dict}
+
+
+def _spec_out(spec: JobSpec) -> dict:
+    out = asdict(spec)
+    out["dependencies"] = [{"kind": d.kind.value, "job_id": d.job_id} for d in spec.dependencies]
+    return out
+
+
+def _spec_in(data: dict) -> JobSpec:
+    deps = tuple(Dependency(DependencyKind(d["kind"]), str(d["job_id"])) for d in data.get("dependencies", ()))
+    return JobSpec(**dict(data, dependencies=deps))
+
+
+_NESTED = {JobSpec: _spec_in, NodeSpec: lambda d: NodeSpec(**d), ExecConfig: ExecConfig.from_dict}
 
 
 class LogError(ValueError):
@@ -47,6 +60,8 @@ def encode_event(event: ev.Event) -> dict:
         value = getattr(event, f.name)
         if isinstance(value, ExecConfig):
             value = value.to_dict()
+        elif isinstance(value, JobSpec):
+            value = _spec_out(value)
         elif is_dataclass(value):
             value = asdict(value)
         elif isinstance(value, tuple):

@@ -9,6 +9,7 @@ back below a floor the caller gives (the highest existing job directory), so a l
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -74,6 +75,19 @@ class JobRecord:
     iterations_given: bool = True  # by `mesh submit --iters`; False: the script's declared total replaces it
     cancelling: bool = False  # a cancel was asked for: CANCELLED once every process of the job is gone
     self_preempts: int = 0  # exits with the resumable code that no preemption asked for
+    # job control (daemon/jobcontrol.py)
+    array_id: str = ""  # the array it is a task of; its job_id is ARRAY_TASK
+    array_task: int | None = None
+    array_limit: int = 0  # at most this many tasks of its array queued or running at once (0: no limit)
+    dependency: list = field(default_factory=list)  # [[kind, job_id], ...] as resolved at submit
+    time_limit: float | None = None  # seconds per run
+    time_limit_at: float | None = None  # when the current run exceeds it (re-armed after a meshd restart)
+    held: bool = False  # a user hold
+    begin_time: float | None = None  # not queued before (--begin)
+    output: str = ""  # absolute paths the patterns of --output / --error expanded to ("" : none)
+    error: str = ""
+    exit_code: int | None = None  # the job's exit code once it ended (a failed rank's; 0 when completed)
+    uid: int | None = None  # the user it runs as (many users, daemon/users.py); None: meshd's own user
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -90,6 +104,10 @@ class JournalError(RuntimeError):
 class Journal:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # private before SQLite writes a byte (its -wal and -shm files take the same mode)
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        except OSError as exc:
+            raise JournalError(f"journal {path} cannot be opened: {exc.strerror}") from None
         try:
             self._db = sqlite3.connect(str(path), isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")

@@ -10,6 +10,10 @@ every process left in its session (and its scope cgroup under systemd) gets SIGK
 only once none is left. Stop and the kill timer act on that same set, never on direct children alone.
 The supervisor gets no meshd secret (MESHD_TOKEN*): its environment and launch.json are scrubbed, and the
 job directory and its files are private to meshd's user (0700 / 0600).
+With many users (daemon/users.py) a job's directory belongs to its submitter (0700) and its supervisor is
+told `--as-user`: it works as that user and starts the ranks as them. meshd's own files in that directory
+are written by a fresh name and a rename and opened without following links, so a link the user plants
+there never redirects a write of root's.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 
 from meshsched.daemon.procs import cgroup_of, job_processes, kill_all
 from meshsched.daemon.supervisor import LaunchSpec
+from meshsched.daemon.users import Owner, user_env
 
 SECRET_ENV = ("MESHD_TOKEN", "MESHD_TOKEN_FILE")  # never handed to a job
 REAP_INTERVAL = 0.05  # seconds between checks that a dead supervisor's session is empty
@@ -48,6 +53,7 @@ class Outcome:
 
     status: str  # completed | failed | terminated | preempted | lost
     reason: str
+    exit_code: int | None = None  # a failed rank's exit code (negative: its signal), 0 when completed
 
 
 def proc_start_time(pid: int) -> str | None:
@@ -69,10 +75,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _write_private(path: Path, text: str) -> None:
+    """Write `path` (0600) by a new temporary name and a rename: a link planted at either name is replaced,
+    never followed."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with open(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
 def read_outcome(job_dir: Path) -> Outcome:
     try:
-        data = json.loads((job_dir / "result.json").read_text())
-        return Outcome(str(data["status"]), str(data.get("reason") or ""))
+        with open(job_dir / "result.json", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
+            data = json.loads(fh.read())
+        code = data.get("exit_code")
+        return Outcome(str(data["status"]), str(data.get("reason") or ""), code if isinstance(code, int) else None)
     except (OSError, ValueError, KeyError):
         from meshsched.daemon.supervisor import tail
 
@@ -113,21 +132,23 @@ class Launcher:
         except OSError:
             return []
 
-    def spawn(self, job_dir: Path, spec: LaunchSpec) -> tuple[int, str]:
-        """Start the job's supervisor; returns (pid, start time)."""
+    def spawn(self, job_dir: Path, spec: LaunchSpec, owner: Owner | None = None) -> tuple[int, str]:
+        """Start the job's supervisor (working as `owner`, None: as meshd's user); returns (pid, start time)."""
         env = scrub_env(spec.env)
         env["MESH_JOB_ID"] = spec.job_id
+        if owner is not None:
+            env.update(user_env(owner))
         spec = replace(spec, env=env, log_max_bytes=self._log_max_bytes or spec.log_max_bytes)
         job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(job_dir, 0o700)
+        if owner is not None:
+            os.chown(job_dir, owner.uid, owner.gid, follow_symlinks=False)
         (job_dir / "result.json").unlink(missing_ok=True)
-        tmp = job_dir / "launch.json.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with open(fd, "w") as fh:
-            fh.write(json.dumps(asdict(spec)))
-        os.replace(tmp, job_dir / "launch.json")
+        _write_private(job_dir / "launch.json", json.dumps(asdict(spec)))
         log = str(job_dir / "supervisor.log")
         argv = [sys.executable, "-m", "meshsched.daemon.supervisor", str(job_dir)]
+        if owner is not None:
+            argv += ["--as-user", owner.argument()]
         if self._systemd_run:  # systemd-run --scope execs the command in place: same pid, own cgroup
             unit = f"mesh-job-{spec.job_id}-{spec.restart}.scope"
             argv = [self._systemd_run, "--scope", "--quiet", "--collect", f"--unit={unit}", "--", *argv]
@@ -135,15 +156,13 @@ class Launcher:
             argv[0], argv, spec.env,
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+                (os.POSIX_SPAWN_OPEN, 1, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600),
                 (os.POSIX_SPAWN_DUP2, 1, 2),
             ],
             setsid=True,
         )
         start = proc_start_time(pid) or ""
-        fd = os.open(job_dir / "supervisor.pid", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with open(fd, "w") as fh:
-            fh.write(f"{pid} {start}\n")  # finds an orphan after a crash
+        _write_private(job_dir / "supervisor.pid", f"{pid} {start}\n")  # finds an orphan after a crash
         self.watch(spec.job_id, pid, job_dir)
         return pid, start
 
@@ -192,6 +211,17 @@ class Launcher:
         self._watched[job_id] = (pid, fd, job_dir)
         self._cgroups[job_id] = cgroup_of(pid)
         self._loop.add_reader(fd, self._exited, job_id)
+
+    def signal_workers(self, job_id: str, signum: int) -> int:
+        """Send `signum` to each rank of a running job (`mesh cancel --signal`); returns how many got it."""
+        sent = 0
+        for pid in self.workers(job_id):
+            try:
+                os.kill(pid, signum)
+                sent += 1
+            except ProcessLookupError:
+                pass
+        return sent
 
     def running(self, job_id: str) -> bool:
         """True while any process of the job may still run (its supervisor, or what it left behind)."""

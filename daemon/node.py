@@ -28,10 +28,12 @@ from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigu
 from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.dirs import highest_job_dir, private_dir
 from meshsched.daemon.gpus import GpuBackend, open_backend
+from meshsched.daemon.jobcontrol import JobControl, control_spec
 from meshsched.daemon.journal import Journal, JobRecord
 from meshsched.daemon.launcher import Launcher, Outcome, free_port, read_outcome
 from meshsched.daemon.mps import MpsManager, open_mps
 from meshsched.daemon.notify import Notifier
+from meshsched.daemon.users import owner_of, share_dirs
 from meshsched.daemon.supervisor import LaunchSpec
 from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
@@ -91,6 +93,7 @@ class NodeDaemon:
         self.mesh = None  # a MeshLink under the etcd coordinator: the engine follows the mesh's log
         self._runs: dict[str, int] = {}  # job -> the launch count its local ranks were started with
         self._pending_outcomes: list[tuple[str, Outcome, bool]] = []  # (mesh) exits found at start
+        self.control = JobControl(self)  # arrays, dependencies, time limits, hold/release/requeue, --wait
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -103,6 +106,8 @@ class NodeDaemon:
         try:
             for path in (cfg.state_dir, cfg.jobs_dir, cfg.runtime_dir):
                 private_dir(path)
+            if cfg.submit_users:  # other users reach their own job directories and the sockets, list nothing
+                share_dirs(cfg.state_dir, cfg.jobs_dir, cfg.runtime_dir)
             self._stack.callback(_lock(cfg.state_dir / "meshd.lock"))
             self._stack.callback(_lock(cfg.runtime_dir / "meshd.lock"))  # before touching its sockets
             self._id_floor = highest_job_dir(cfg.jobs_dir) + 1
@@ -204,6 +209,7 @@ class NodeDaemon:
             touched.append(jid)
         with self.journal.batch():
             actions = self.engine.handle(event, now)
+            touched += self.engine.settled  # jobs job control queued, blocked or cancelled in passing
             for action in actions:
                 if isinstance(action, Action):
                     touched.append(action.job_id)
@@ -335,12 +341,14 @@ class NodeDaemon:
             socket=str(self.config.job_socket), first_rank=ranks[0], world_size=len(action.gpus),
             node_rank=nodes.index(self.config.node_name),
             master_addr=self.mesh.addresses.get(nodes[0], nodes[0]) if many else "127.0.0.1",
+            output=rec.output, error=rec.error,
             checkpoint_dir=str(self._checkpoints(rec)), grace=self.config.kill_grace,
             rank_envs=[self.mps.client_env(g, share=x.mps_percentage, mem_limit_mb=x.memory_limit_mb) for g in local],
         )
         try:
-            rec.supervisor_pid, rec.supervisor_start = self.launcher.spawn(Path(rec.job_dir), spec)
-        except OSError as exc:
+            owner = owner_of(rec.uid) if rec.uid is not None else None  # many users: the job runs as its submitter
+            rec.supervisor_pid, rec.supervisor_start = self.launcher.spawn(Path(rec.job_dir), spec, owner)
+        except (OSError, KeyError) as exc:  # KeyError: its user no longer exists
             self._input(ev.JobFailed(self._sid("launch"), rec.job_id, f"could not start on {self.config.node_name}: "
                                      f"{exc}"), action.restart + 1, queued=True)
             return
@@ -378,6 +386,7 @@ class NodeDaemon:
             rec.end_time = now
         if not job.state.holds_gpus:  # a re-adopted PAUSING job is RUNNING to the engine: keep the flag
             rec.pausing = False
+        self.control.synced(rec, job, old)
         if old != rec.state:
             self.journal.transition(job_id, now, rec.state, rec.reason)
             why = f" ({rec.reason})" if rec.reason else ""
@@ -431,6 +440,7 @@ class NodeDaemon:
         """A job's supervisor ended: turn its outcome into the engine event it means."""
         rec = self.records[job_id]
         rec.supervisor_pid, rec.supervisor_start = 0, ""
+        rec.exit_code = outcome.exit_code
         self._forget_run(job_id)
         run = self._runs.pop(job_id, None)
         job = self.engine.state.jobs.get(job_id)
@@ -508,15 +518,15 @@ class NodeDaemon:
             self.records[rec.job_id] = rec
             if rec.state in TERMINAL:
                 continue
-            spec = _spec(rec)
+            spec, held = self.control.recovered(rec)
             if rec.gpus > ngpus:
                 self.dispatch(ev.JobRestored(self._sid("restore"), spec, rec.restarts > 0,
-                                             rec.checkpoint_iterations, rec.restarts))
+                                             rec.checkpoint_iterations, rec.restarts, held))
                 continue
             if rec.state in HOLDING and rec.assigned and max(rec.assigned) < ngpus:
                 adopt = ev.JobAdopted(self._sid("adopt"), spec, tuple(rec.assigned), rec.done_iterations,
                                       rec.checkpoint_iterations, rec.restarts,
-                                      ExecConfig.from_dict(rec.exec) if rec.exec else None)
+                                      ExecConfig.from_dict(rec.exec) if rec.exec else None, rec.time_limit_at)
                 job_dir = Path(rec.job_dir)
                 if self.launcher.adopt(rec.job_id, rec.supervisor_pid, rec.supervisor_start, job_dir):
                     self.dispatch(adopt)
@@ -541,7 +551,7 @@ class NodeDaemon:
             if orphan is not None:
                 LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
             self.dispatch(ev.JobRestored(self._sid("restore"), spec, rec.restarts > 0,
-                                         rec.checkpoint_iterations, rec.restarts))
+                                         rec.checkpoint_iterations, rec.restarts, held))
         for event in outcomes:
             self.dispatch(event)
         self.dispatch(ev.RecoveryDone(self._sid("recovered")))
@@ -556,7 +566,7 @@ class NodeDaemon:
             where = "this node has" if self.mesh is None else "the mesh's live nodes have"
             raise SubmitError(f"--gpus {req.gpus}: {where} only {total} GPU(s)")
         seq = self.journal.next_seq(self._id_floor)
-        job_id = str(seq) if self.mesh is None else f"{self.config.node_name}.{seq}"  # unique without a leader
+        job_id = str(seq) if self.mesh is None else f"{self.config.node_name}.{seq}"  # a mesh: unique without a leader
         rec = JobRecord(
             job_id=job_id, seq=seq, gpus=req.gpus, model=req.model, batch_size=req.batch_size,
             iterations=req.iterations or DEFAULT_ITERATIONS, iterations_given=req.iterations is not None,
@@ -569,13 +579,17 @@ class NodeDaemon:
             self.journal.put(rec)
             self.journal.transition(job_id, rec.submit_time, "PENDING", "submitted")
         self.records[job_id] = rec
-        self._propose_submit(rec) if self.mesh is not None else self.dispatch(ev.JobSubmitted(self._sid("submit"), spec))
+        self.submitted(rec, ev.JobSubmitted(self._sid("submit"), spec))
         return rec
 
-    def _propose_submit(self, rec: JobRecord) -> None:
+    def submitted(self, rec: JobRecord, event: ev.JobSubmitted) -> None:
+        """A journaled submit reaches the engine (one server) or the mesh's leader with what nodes need to run it."""
+        if self.mesh is None:
+            self.dispatch(event)
+            return
         from meshsched.daemon.mesh import record_payload
 
-        self._input(ev.JobSubmitted(self._sid("submit"), _spec(rec)), record=record_payload(rec))
+        self._input(event, record=record_payload(rec))
 
     def cancel(self, job_id: str) -> JobRecord:
         rec = self.records[job_id]
@@ -727,7 +741,7 @@ class NodeDaemon:
         for rec in self.records.values():
             if rec.job_id not in state.jobs and rec.state == "PENDING" and rec.job_id.startswith(
                     f"{self.config.node_name}."):
-                self._propose_submit(rec)  # acknowledged before a crash, never in the log: proposed again
+                self.submitted(rec, ev.JobSubmitted(self._sid("submit"), _spec(rec), held=rec.held))  # never logged
         self._stop_released([j for j in self._runs if self.launcher.running(j)])
 
     def leadership_changed(self) -> None:
@@ -884,4 +898,5 @@ def _spec(rec: JobRecord) -> JobSpec:
     return JobSpec(
         job_id=rec.job_id, gpus=rec.gpus, model=rec.model, batch_size=rec.batch_size, iterations=rec.iterations,
         submit_time=rec.submit_time, name=rec.name, user=rec.user, deadline=rec.deadline, guaranteed=rec.guaranteed,
+        **control_spec(rec),
     )

@@ -14,10 +14,14 @@ process left in its session or re-parented to it is gone -- so its exit means th
 A SIGTERM that arrives while ranks are being spawned stops the ranks already started and spawns no more.
 A rank's log is capped at `log_max_bytes`: past it, the newest half moves to rank<N>.log.1 and the log
 starts again (a marker line says so).
+With `output` (and `error`) set (`mesh submit --output/--error`), each rank's stdout (stderr) goes through a
+pipe the supervisor copies both to its rank log and, appended, to that file; without them the ranks write
+their logs directly, as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -37,6 +41,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 LOG_MAX_BYTES = 64 << 20
 POLL = 0.5  # seconds between log-size checks while ranks run
+PARTIAL_MAX = 1 << 16  # bytes of a line without an end kept back from the user's file before it goes anyway
 CLEANUP_TIMEOUT = 10.0  # seconds to wait for left-over processes after SIGKILL (D state, NFS)
 
 
@@ -58,6 +63,8 @@ class LaunchSpec:
     world_size: int = 0  # ranks over all nodes (0: the local ones)
     node_rank: int = 0  # this node's place among the job's nodes (GROUP_RANK)
     master_addr: str = "127.0.0.1"  # rank 0's node
+    output: str = ""  # a file every rank's stdout is also appended to ("": only the rank logs)
+    error: str = ""  # the same for stderr ("": with stdout)
 
     @classmethod
     def load(cls, path: Path) -> LaunchSpec:
@@ -90,7 +97,7 @@ def rank_env(spec: LaunchSpec, rank: int) -> dict[str, str]:
 
 def tail(path: Path, lines: int = TAIL_LINES) -> str:
     try:
-        with open(path, "rb") as fh:
+        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
             fh.seek(0, os.SEEK_END)
             fh.seek(max(0, fh.tell() - 4096))
             text = fh.read().decode(errors="replace")
@@ -124,6 +131,14 @@ def _die_with(parent: int):
     return setup
 
 
+def _write(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        pass  # a full disk loses output, never the job
+
+
 def rotate_log(path: Path, cap: int) -> bool:
     """When `path` is over `cap` bytes, keep its newest cap/2 bytes in PATH.1 and restart it; True if so."""
     try:
@@ -153,33 +168,110 @@ def rotate_log(path: Path, cap: int) -> bool:
 
 
 class Supervisor:
-    def __init__(self, job_dir: Path) -> None:
+    def __init__(self, job_dir: Path, as_user: tuple[int, int, list[int]] | None = None) -> None:
         self.job_dir = job_dir
+        self.as_user = as_user  # (uid, gid, groups): work as that user and start the ranks as them (many users)
         self.spec = LaunchSpec.load(job_dir / "launch.json")
         self.procs: dict[int, subprocess.Popen] = {}  # pid -> worker
         self.rank_of: dict[int, int] = {}
         self.signalled: set[int] = set()  # ranks that got SIGTERM
         self.stopping = False
         self.terminated = False
+        self.tees: dict[int, tuple[int, int]] = {}  # read end of a rank's pipe -> (its rank log, the user's file)
+        self.partial: dict[int, bytes] = {}  # read end -> the start of a line not yet written to the user's file
 
     def start(self) -> None:
         logs = self.job_dir / "logs"
         logs.mkdir(mode=0o700, exist_ok=True)
         Path(self.spec.checkpoint_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         me = os.getpid()
+        files = self._open_files()
         for rank in range(len(self.spec.local_gpus)):
             if self.stopping:  # SIGTERM while spawning: start no more ranks
                 break
             fd = os.open(logs / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with open(fd, "ab") as out:
-                p = subprocess.Popen(
-                    self.spec.command, cwd=self.spec.cwd, env=rank_env(self.spec, rank),
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with(me),
-                )
+            if files is None:
+                with open(fd, "ab") as out, self._privileged():
+                    p = subprocess.Popen(
+                        self.spec.command, cwd=self.spec.cwd, env=rank_env(self.spec, rank),
+                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with(me),
+                        **self._identity(),
+                    )
+            else:
+                with self._privileged():
+                    p = subprocess.Popen(
+                        self.spec.command, cwd=self.spec.cwd, env=rank_env(self.spec, rank), stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE if files[1] != files[0] else subprocess.STDOUT,
+                        preexec_fn=_die_with(me), **self._identity(),
+                    )
+                self.tees[p.stdout.fileno()] = (fd, files[0])
+                if p.stderr is not None:
+                    self.tees[p.stderr.fileno()] = (os.dup(fd), files[1])
             self.procs[p.pid] = p
             self.rank_of[p.pid] = rank
             if self.stopping:  # the SIGTERM came while this rank was being spawned: pass it on
                 self._term_live()
+
+    def become_user(self) -> None:
+        """Work as the job's user from now on (effective ids: the ranks are started as root drops to them)."""
+        if self.as_user is not None:
+            uid, gid, groups = self.as_user
+            os.setgroups(groups)
+            os.setegid(gid)
+            os.seteuid(uid)
+
+    @contextlib.contextmanager
+    def _privileged(self):
+        """Back to root while a rank is started as the user (setuid in the child needs it)."""
+        if self.as_user is None:
+            yield
+            return
+        os.seteuid(0)
+        os.setegid(0)
+        try:
+            yield
+        finally:
+            self.become_user()
+
+    def _identity(self) -> dict:
+        if self.as_user is None:
+            return {}
+        uid, gid, groups = self.as_user
+        return {"user": uid, "group": gid, "extra_groups": groups}
+
+    def _open_files(self) -> tuple[int, int] | None:
+        """The user's --output / --error files, opened for appending (None when neither was asked for)."""
+        out, err = self.spec.output, self.spec.error
+        if not out and not err:
+            return None
+        fds = {}
+        for path in dict.fromkeys(p for p in (out, err) if p):
+            try:
+                fds[path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise SystemExit(f"cannot open {path}: {exc.strerror}") from None
+        if not out:  # --error alone: stdout only to the rank logs
+            fds[""] = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        return fds[out], fds[err or out]
+
+    def copy_output(self, ready: list[int]) -> None:
+        """Copy what the ranks wrote to their pipes into their logs and, whole lines at a time (ranks share the
+        file), into the user's files; close at EOF."""
+        for fd in ready:
+            log, user = self.tees[fd]
+            data = os.read(fd, 1 << 16)
+            if not data:
+                del self.tees[fd]
+                _write(user, self.partial.pop(fd, b""))
+                os.close(fd)
+                os.close(log)
+                continue
+            _write(log, data)
+            pending = self.partial.pop(fd, b"") + data
+            cut = pending.rfind(b"\n") + 1 if len(pending) < PARTIAL_MAX else len(pending)
+            _write(user, pending[:cut])
+            if cut < len(pending):
+                self.partial[fd] = pending[cut:]
 
     def _term_live(self) -> None:
         for pid, p in self.procs.items():
@@ -209,6 +301,7 @@ class Supervisor:
 
     def run(self) -> int:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self.become_user()
         signal.signal(signal.SIGTERM, lambda *_: self._on_term())
         signal.signal(signal.SIGINT, lambda *_: self._on_term())
         signal.signal(signal.SIGALRM, lambda *_: self.kill_all())
@@ -218,7 +311,9 @@ class Supervisor:
         pidfds = {pid: os.pidfd_open(pid) for pid in self.procs}
         logs = [self.job_dir / "logs" / f"rank{r}.log" for r in range(len(self.spec.local_gpus))]
         while pidfds:
-            select.select(list(pidfds.values()), [], [], POLL)
+            ready = select.select(list(pidfds.values()) + list(self.tees), [], [], POLL)[0]
+            if self.tees:
+                self.copy_output([fd for fd in ready if fd in self.tees])
             for log in logs:
                 rotate_log(log, self.spec.log_max_bytes)
             for pid in list(pidfds):
@@ -243,6 +338,16 @@ class Supervisor:
                     }
                     self.stop_all()
         self.clean_up()
+        for fd in list(self.tees):  # every process of the job is gone: the pipes hold the last of its output
+            os.set_blocking(fd, False)
+            try:
+                while fd in self.tees:
+                    self.copy_output([fd])
+            except BlockingIOError:  # a writer outlived the clean-up: what it writes later is dropped
+                log, user = self.tees.pop(fd)
+                _write(user, self.partial.pop(fd, b""))
+                os.close(fd)
+                os.close(log)
         if self.terminated:
             result = {"status": "terminated", "rank": None, "exit_code": None, "reason": "terminated"}
         elif preempted and failure is None:
@@ -284,9 +389,23 @@ class Supervisor:
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m meshsched.daemon.supervisor JOB_DIR")
-    sys.exit(Supervisor(Path(sys.argv[1])).run())
+    args = sys.argv[1:]
+    as_user = None
+    if len(args) == 3 and args[1] == "--as-user":  # UID:GID:G1,G2 (given by meshd on the command line, never
+        uid, gid, groups = args.pop().split(":")   # read from the job directory its user may write)
+        args.pop()
+        as_user = (int(uid), int(gid), [int(g) for g in groups.split(",") if g])
+    if len(args) != 1:
+        sys.exit("usage: python -m meshsched.daemon.supervisor JOB_DIR [--as-user UID:GID:GROUPS]")
+    job_dir = Path(args[0])
+    try:
+        sup = Supervisor(job_dir, as_user)
+        sys.exit(sup.run())
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # a job that cannot start (its --output cannot be opened): it failed
+            write_result(job_dir, {"status": "failed", "rank": None, "exit_code": 1, "reason": exc.code})
+            sys.exit(1)
+        raise
 
 
 if __name__ == "__main__":

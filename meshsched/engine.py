@@ -19,7 +19,14 @@ from meshsched.perf.placement import ideal_placement
 from meshsched.policies import base as pb
 from meshsched.policies.base import ClusterView, Defer, Evict, Remember, RequestFit, Start, Trigger, Wait
 from meshsched.policies.stack import PolicyStack
-from meshsched.state import ClusterState, ExecConfig, Job, JobState
+from meshsched.state import ClusterState, ExecConfig, Job, JobSpec, JobState
+
+HELD = "JobHeldUser"  # Slurm's pending reasons for jobs kept out of the queue
+DEPENDENCY = "Dependency"
+ARRAY_LIMIT = "JobArrayTaskLimit"
+BEGIN = "BeginTime"
+NEVER = "DependencyNeverSatisfied"
+TIME_LIMIT = "TimeLimit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +62,17 @@ class Engine:
         self._recalibrate: dict[str, None] = {}  # jobs whose packing set changed in this event (calibration layer)
         self.memory: object | None = None  # the preemption layer's memory (a frozen value, `Remember`)
         self.model: object | None = None  # the latest model a RequestFit produced (ModelFitted); derived, not durable
+        # job control (Slurm's hold, dependencies, array throttle, time limits): queued jobs kept out of the
+        # policy's queue, with why; none of it exists for jobs submitted without those options
+        self._blocked: dict[str, str] = {}  # job -> reason it is not in `_queue` (HELD, DEPENDENCY, ARRAY_LIMIT)
+        self._dependents: dict[str, set[str]] = {}  # job -> jobs whose dependencies name it
+        self._array_play: dict[str, set[str]] = {}  # throttled array -> its tasks queued or holding GPUs
+        self._array_waiting: dict[str, deque[str]] = {}  # throttled array -> tasks waiting for a slot, in order
+        self._ended: list[Job] = []  # jobs that ended in this event (their dependents and arrays are settled)
+        self._limits: dict[str, float] = {}  # job holding GPUs -> when its run exceeds its time limit
+        self._begins: dict[str, float] = {}  # job kept out until its begin time -> that time
+        self._policy_at: float | None = None  # when the policy's own timer is due
+        self.settled: list[str] = []  # jobs job control moved in the last `handle` besides the event's own
         self._handlers: dict[type, Callable[[ev.Event, float, list[Action]], Trigger | None]] = {
             ev.JobSubmitted: self._on_submitted,
             ev.JobStarted: self._on_started,
@@ -74,6 +92,9 @@ class Engine:
             ev.RankReport: self._on_rank_report,
             ev.TotalDeclared: self._on_total_declared,
             ev.ModelFitted: self._on_model_fitted,
+            ev.HoldRequested: self._on_hold,
+            ev.ReleaseRequested: self._on_release,
+            ev.RequeueRequested: self._on_requeue,
         }
 
     # ---------------------------------------------------------------- entry point
@@ -83,7 +104,11 @@ class Engine:
         if type(event) is not ev.JobSubmitted:
             # the event's job may have moved or reported progress (None: anything may have changed)
             self.state.touch(getattr(event, "job_id", None))
+        if self.settled:
+            self.settled = []
         trigger = self._handlers[type(event)](event, now, actions)
+        if self._ended and self._settle(now, event.stimulus_id, actions) and trigger is None:
+            trigger = Trigger.RELEASE  # jobs whose dependencies were met joined the queue
         if trigger is not None:
             job_id = event.spec.job_id if type(event) is ev.JobSubmitted else None
             self._schedule(trigger, now, event.stimulus_id, actions, job_id)
@@ -110,6 +135,8 @@ class Engine:
         job = self.state.jobs[job_id]
         if not job.state.is_queued:
             return ""
+        if job_id in self._blocked:
+            return self._blocked[job_id]
         if job.spec.gpus > self.state.total_gpus:
             return f"Unschedulable (needs {job.spec.gpus} GPUs, cluster has {self.state.total_gpus})"
         if job.reason:
@@ -129,8 +156,11 @@ class Engine:
             raise ValueError(f"job {spec.job_id} already exists")
         job = Job(spec, ideal_step_time=self._ideal_step_time(spec), since=now, progress_time=now)
         self.state.jobs[spec.job_id] = job
-        self._enqueue(job)
         self._log(now, e.stimulus_id, job, f"submitted: {spec.gpus} GPU(s), model {spec.model}")
+        if e.held or _controlled(spec):
+            job.held = e.held
+            return Trigger.ARRIVAL if self._admit(job, now, e.stimulus_id) else None
+        self._enqueue(job)
         return Trigger.ARRIVAL
 
     def _on_started(self, e: ev.JobStarted, now: float, actions: list[Action]) -> Trigger | None:
@@ -215,6 +245,12 @@ class Engine:
         self._release(job)
         if done >= job.spec.iterations:
             self._complete(job, now, e.stimulus_id, "finished while pausing")
+        elif job.timing_out:
+            job.transition(JobState.TIMEOUT, now)
+            job.reason = TIME_LIMIT
+            job.acct.finish_time = now
+            self._ended.append(job)
+            self._log(now, e.stimulus_id, job, f"time limit reached; stopped at {done:.0f}/{job.spec.iterations}")
         else:
             job.transition(JobState.PREEMPTED, now)
             self._enqueue(job)
@@ -245,6 +281,7 @@ class Engine:
             job.transition(JobState.FAILED, now)
             job.reason = e.reason
             job.acct.finish_time = now
+            self._ended.append(job)
             self._log(now, e.stimulus_id, job, f"failed: {e.reason}")
         return Trigger.RELEASE if held else None
 
@@ -261,6 +298,7 @@ class Engine:
         job.transition(JobState.CANCELLED, now)
         job.reason = "cancelled"
         job.acct.finish_time = now
+        self._ended.append(job)
         self._log(now, e.stimulus_id, job, "cancelled")
         return Trigger.RELEASE if held else None
 
@@ -288,6 +326,12 @@ class Engine:
             self._log(now, e.stimulus_id, None, f"ignored Tick {e.key} (superseded timer)")
             return None
         self._timer_at = None
+        expired = bool(self._limits) and self._expire_limits(now, e.stimulus_id, actions)
+        begun = bool(self._begins) and self._begin_due(now, e.stimulus_id)
+        if (expired or begun) and not self._policy_due(now):
+            # only job control's times were due: jobs whose begin time came get a pass; the pauses of jobs
+            # past their time limit free their GPUs and start one when they land
+            return Trigger.RELEASE if begun else None
         return Trigger.TICK
 
     # ---------------------------------------------------------------- scheduling
@@ -306,6 +350,9 @@ class Engine:
                 actions.append(FitModel(d.fit, d.request))
                 continue
             job = jobs[d.job_id]
+            if self._blocked and d.job_id in self._blocked:  # a policy that found it by its state (a Lazer
+                self._log(now, stimulus, job, f"ignored {kind.__name__}: {self._blocked[d.job_id]}")  # deferral)
+                continue
             if isinstance(d, Start):
                 if not job.state.is_queued:
                     raise ValueError(f"policy started {job.job_id} which is {job.state.value}")
@@ -317,6 +364,9 @@ class Engine:
                 job.exec = d.exec or ExecConfig.default_for(job.spec)
                 job.exec_pending = None
                 self._active[job.job_id] = job
+                if job.spec.time_limit is not None:
+                    job.time_limit_at = now + job.spec.time_limit
+                    self._limits[job.job_id] = job.time_limit_at
                 if job.acct.first_start is None:
                     job.acct.first_start = now
                 actions.append(Launch(job.job_id, d.gpus, job.checkpoint_iterations, job.restarts, job.exec))
@@ -352,7 +402,11 @@ class Engine:
                 raise TypeError(f"policy returned {d!r}, which is no decision")
 
     def _arm_timer(self, now: float, actions: list[Action]) -> None:
-        at = self.policy.next_timer(self.view(), now)
+        at = self._policy_at = self.policy.next_timer(self.view(), now)
+        for times in (self._limits, self._begins):
+            if times:
+                first = min(times.values())
+                at = first if at is None else min(at, first)
         if self._deferred:
             for job_id in [j for j, t in self._deferred.items() if t <= now]:
                 del self._deferred[job_id]  # its deferral ran out: the pass that just ran saw it
@@ -381,6 +435,8 @@ class Engine:
         self._queued_gpus[job.spec.gpus] += 1
 
     def _dequeue(self, job: Job) -> None:
+        if self._blocked and self._blocked.pop(job.job_id, None) is not None:
+            return  # it was kept out of the queue
         if job.deferred_until is not None:
             job.deferred_until = None
             self._deferred.pop(job.job_id, None)
@@ -403,6 +459,9 @@ class Engine:
         self.state.release(job.job_id, job.gpus)
         job.gpus = ()
         self._active.pop(job.job_id, None)
+        if job.time_limit_at is not None:
+            job.time_limit_at = None
+            self._limits.pop(job.job_id, None)
 
     def _complete(self, job: Job, now: float, stimulus: str, message: str) -> None:
         if job.state is JobState.LOADING:  # its JobStarted was lost or overtaken: it did start
@@ -410,6 +469,7 @@ class Engine:
         job.transition(JobState.COMPLETED, now)
         job.acct.finish_time = now
         job.reason = ""
+        self._ended.append(job)
         self._log(now, stimulus, job, message)
 
     def _requeue_from_checkpoint(self, job: Job, now: float, stimulus: str, why: str) -> None:
@@ -454,7 +514,11 @@ class Engine:
         job = Job(spec, ideal_step_time=self._ideal_step_time(spec), state=state, since=now, progress_time=now,
                   done_iterations=ckpt, checkpoint_iterations=ckpt, restarts=e.restarts)
         self.state.jobs[spec.job_id] = job
-        self._enqueue(job)
+        if e.held or _controlled(spec):
+            job.held = e.held
+            self._admit(job, now, e.stimulus_id)
+        else:
+            self._enqueue(job)
         self._log(now, e.stimulus_id, job, f"restored {state.value}; resumes from iteration {ckpt:.0f}")
         return None
 
@@ -473,6 +537,11 @@ class Engine:
         job.step_time = self.estimator.step_time(spec, self._gpu_type(job), self._shape(job.gpus))
         self.state.jobs[spec.job_id] = job
         self._active[spec.job_id] = job
+        if spec.time_limit is not None:
+            job.time_limit_at = e.time_limit_at if e.time_limit_at is not None else now + spec.time_limit
+            self._limits[spec.job_id] = job.time_limit_at
+        if spec.array_limit:
+            self._array_play.setdefault(spec.array_id, set()).add(spec.job_id)
         self._log(now, e.stimulus_id, job, f"re-adopted running on GPUs {_fmt_gpus(e.gpus)}")
         return None
 
@@ -491,7 +560,7 @@ class Engine:
         job = self.state.jobs.get(e.job_id)
         if job is None or job.state.is_terminal or e.iterations < 1:
             return self._ignore(now, e, job)
-        queued = job.state.is_queued
+        queued = job.state.is_queued and job.job_id not in self._blocked
         if queued:  # its queue key may depend on the length
             self._dequeue(job)
         job.spec = replace(job.spec, iterations=e.iterations)
@@ -510,6 +579,166 @@ class Engine:
     def _on_recovery_done(self, e: ev.RecoveryDone, now: float, actions: list[Action]) -> Trigger | None:
         self._log(now, e.stimulus_id, None, f"recovered {len(self.state.jobs)} job(s)")
         return Trigger.RELEASE
+
+    # ---------------------------------------------------------------- job control (hold, dependencies, arrays, limits)
+
+    def _gate(self, job: Job, now: float) -> str:
+        """Why a queued job must stay out of the queue ("" when it may join it; NEVER when it never may)."""
+        spec = job.spec
+        waiting = False
+        for d in spec.dependencies:
+            target = self.state.jobs.get(d.job_id)
+            met = None if target is None else d.kind.met_by(target.state)
+            if target is None or met is False:
+                return NEVER
+            waiting = waiting or met is None
+        if job.held:
+            return HELD
+        if waiting:
+            return DEPENDENCY
+        if spec.begin_time is not None and spec.begin_time > now:
+            return BEGIN
+        if spec.array_limit and len(self._array_play.get(spec.array_id, ())) >= spec.array_limit:
+            return ARRAY_LIMIT
+        return ""
+
+    def _admit(self, job: Job, now: float, stimulus: str) -> bool:
+        """Queue a queued-state job that is not in the queue, or keep it out with its reason; True if queued.
+        A job whose dependency can never be met is cancelled (reason DependencyNeverSatisfied)."""
+        spec = job.spec
+        for d in spec.dependencies:
+            target = self.state.jobs.get(d.job_id)
+            if target is not None and not target.state.is_terminal:
+                self._dependents.setdefault(d.job_id, set()).add(spec.job_id)
+        why = self._gate(job, now)
+        self._blocked.pop(spec.job_id, None)
+        if why == NEVER:
+            job.transition(JobState.CANCELLED, now)
+            job.reason = NEVER
+            job.acct.finish_time = now
+            self._ended.append(job)
+            self._log(now, stimulus, job, f"cancelled: {NEVER} ({_fmt_deps(spec, self.state.jobs)})")
+        elif why:
+            self._blocked[spec.job_id] = why
+            job.reason = why
+            if why == ARRAY_LIMIT:
+                self._array_waiting.setdefault(spec.array_id, deque()).append(spec.job_id)
+            elif why == BEGIN:
+                self._begins[spec.job_id] = spec.begin_time
+        else:
+            job.reason = ""
+            if spec.array_limit:
+                self._array_play.setdefault(spec.array_id, set()).add(spec.job_id)
+            self._enqueue(job)
+        self.settled.append(spec.job_id)
+        return not why
+
+    def _settle(self, now: float, stimulus: str, actions: list[Action]) -> bool:
+        """Jobs ended in this event: admit what waited on them (dependents, the next tasks of a throttled
+        array); returns True if any job joined the queue. Cancelling a job cascades to its dependents."""
+        queued = False
+        while self._ended:
+            job = self._ended.pop()
+            spec = job.spec
+            for other in sorted(self._dependents.pop(spec.job_id, ())):
+                why = self._blocked.get(other)
+                if why == DEPENDENCY or (why is not None and self._gate(self.state.jobs[other], now) == NEVER):
+                    queued |= self._admit(self.state.jobs[other], now, stimulus)
+            if spec.array_limit:
+                self._array_play.get(spec.array_id, set()).discard(spec.job_id)
+                queued |= self._fill_array(spec.array_id, spec.array_limit, now, stimulus)
+        return queued
+
+    def _fill_array(self, array_id: str, limit: int, now: float, stimulus: str) -> bool:
+        waiting = self._array_waiting.get(array_id)
+        queued = False
+        while waiting and len(self._array_play.get(array_id, ())) < limit:
+            job_id = waiting.popleft()
+            if self._blocked.get(job_id) == ARRAY_LIMIT:  # else it was cancelled or held meanwhile
+                queued |= self._admit(self.state.jobs[job_id], now, stimulus)
+        return queued
+
+    def _begin_due(self, now: float, stimulus: str) -> bool:
+        """Admit the jobs whose begin time came; True if any joined the queue."""
+        queued = False
+        for job_id in sorted(j for j, at in self._begins.items() if at <= now):
+            del self._begins[job_id]
+            if self._blocked.get(job_id) == BEGIN:  # else cancelled or held meanwhile
+                queued |= self._admit(self.state.jobs[job_id], now, stimulus)
+        return queued
+
+    def _policy_due(self, now: float) -> bool:
+        """Whether the policy's own timer or a deferral is due (a Tick was not only for time limits)."""
+        return (self._policy_at is not None and self._policy_at <= now) or any(
+            t <= now for t in self._deferred.values())
+
+    def _expire_limits(self, now: float, stimulus: str, actions: list[Action]) -> bool:
+        """Stop every running job past its time limit: checkpoint and exit (Preempt); its pause ends it as
+        TIMEOUT. Returns True if any was stopped."""
+        due = sorted(j for j, at in self._limits.items() if at <= now)
+        for job_id in due:
+            job = self.state.jobs[job_id]
+            del self._limits[job_id]
+            job.time_limit_at = None
+            job.timing_out = True
+            job.reason = TIME_LIMIT
+            if job.state is not JobState.PAUSING:  # already pausing: its pause ends it all the same
+                job.done_iterations = job.iterations_at(now)
+                job.progress_time = now
+                job.transition(JobState.PAUSING, now)
+                actions.append(Preempt(job_id))
+            self.settled.append(job_id)
+            self._log(now, stimulus, job, f"time limit of {job.spec.time_limit:g}s reached: checkpoint and stop")
+        return bool(due)
+
+    def _on_hold(self, e: ev.HoldRequested, now: float, actions: list[Action]) -> Trigger | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or not job.state.is_queued or job.held:
+            return self._ignore(now, e, job)
+        job.held = True
+        if e.job_id not in self._blocked:
+            self._dequeue(job)
+            if job.spec.array_limit:  # it gives its array slot to the next task
+                self._array_play.get(job.spec.array_id, set()).discard(job.job_id)
+                self._fill_array(job.spec.array_id, job.spec.array_limit, now, e.stimulus_id)
+        self._blocked[e.job_id] = job.reason = HELD
+        self._log(now, e.stimulus_id, job, "held")
+        return None
+
+    def _on_release(self, e: ev.ReleaseRequested, now: float, actions: list[Action]) -> Trigger | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or not job.held:
+            return self._ignore(now, e, job)
+        job.held = False
+        self._log(now, e.stimulus_id, job, "released")
+        if job.state.is_terminal:
+            return None
+        return Trigger.RELEASE if self._admit(job, now, e.stimulus_id) else None
+
+    def _on_requeue(self, e: ev.RequeueRequested, now: float, actions: list[Action]) -> Trigger | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or job.state not in (JobState.LOADING, JobState.RUNNING):
+            return self._ignore(now, e, job)
+        job.done_iterations = job.iterations_at(now)
+        job.progress_time = now
+        job.transition(JobState.PAUSING, now)
+        job.reason = "requeued"
+        actions.append(Preempt(job.job_id))
+        self._log(now, e.stimulus_id, job, "requeue asked: checkpoint, then queued again")
+        return None
+
+
+def _controlled(spec: JobSpec) -> bool:
+    """Whether job control gates the job before it joins the queue."""
+    return bool(spec.dependencies or spec.array_limit or spec.begin_time is not None)
+
+
+def _fmt_deps(spec: JobSpec, jobs: dict) -> str:
+    out = []
+    for d in spec.dependencies:
+        target = jobs.get(d.job_id)
+        out.append(f"{d.kind.value}:{d.job_id} ({target.state.value if target else 'unknown job'})")
+    return ", ".join(out)
 
 
 def _fmt_exec(x: ExecConfig) -> str:

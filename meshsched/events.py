@@ -16,6 +16,7 @@ class Event:
 @dataclass(frozen=True, slots=True)
 class JobSubmitted(Event):
     spec: JobSpec
+    held: bool = False  # submitted on hold (`mesh submit --hold`): not queued until released
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,7 @@ class JobRestored(Event):
     preempted: bool  # it ran before: PREEMPTED, else PENDING
     checkpoint_iterations: float
     restarts: int  # launches so far
+    held: bool = False  # it was on hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,7 @@ class JobAdopted(Event):
     checkpoint_iterations: float
     restarts: int
     exec: ExecConfig | None = None  # how it trained when meshd went down (None: the job's default)
+    time_limit_at: float | None = None  # when its run exceeds its time limit (None: the spec's limit from now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,3 +143,24 @@ class ModelFitted(Event):
     """A FitModel finished: `model` is what its fit returned (policies read it as `view.model`)."""
 
     model: Any
+
+
+@dataclass(frozen=True, slots=True)
+class HoldRequested(Event):
+    """Keep a queued job out of the queue until ReleaseRequested (a running job is not affected)."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRequested(Event):
+    """Lift a user hold: the job is queued again once its dependencies allow."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueRequested(Event):
+    """Checkpoint a running job and queue it again (Slurm's requeue); it resumes from the checkpoint."""
+
+    job_id: str

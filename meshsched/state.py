@@ -24,6 +24,7 @@ class JobState(enum.Enum):
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"  # stopped when its time limit ran out (Slurm's word)
 
     @property
     def is_terminal(self) -> bool:
@@ -38,7 +39,7 @@ class JobState(enum.Enum):
         return self in _HOLDING
 
 
-_TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+_TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
 _QUEUED = frozenset({JobState.PENDING, JobState.PREEMPTED})
 _HOLDING = frozenset({JobState.LOADING, JobState.RUNNING, JobState.PAUSING})
 
@@ -51,13 +52,38 @@ _ALLOWED: dict[JobState, frozenset[JobState]] = {
         {JobState.PAUSING, JobState.PREEMPTED, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}
     ),
     JobState.PAUSING: frozenset(
-        {JobState.PREEMPTED, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}
+        {JobState.PREEMPTED, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT}
     ),
     JobState.PREEMPTED: frozenset({JobState.LOADING, JobState.CANCELLED, JobState.FAILED}),
     JobState.COMPLETED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.CANCELLED: frozenset(),
+    JobState.TIMEOUT: frozenset(),
 }
+
+
+class DependencyKind(enum.Enum):
+    """Slurm's dependency types: start after the other job ended well, ended at all, or ended badly."""
+
+    AFTEROK = "afterok"
+    AFTERANY = "afterany"
+    AFTERNOTOK = "afternotok"
+
+    def met_by(self, state: JobState) -> bool | None:
+        """True: a job in `state` satisfies it; False: it never will; None: not yet (the job has not ended)."""
+        if not state.is_terminal:
+            return None
+        if self is DependencyKind.AFTERANY:
+            return True
+        return (state is JobState.COMPLETED) == (self is DependencyKind.AFTEROK)
+
+
+@dataclass(frozen=True, slots=True)
+class Dependency:
+    """Start only once job `job_id` ended as `kind` asks (a job unknown to the engine never satisfies it)."""
+
+    kind: DependencyKind
+    job_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +101,11 @@ class JobSpec:
     tenant: str = "default"
     deadline: float | None = None  # absolute time on the same clock as submit_time
     guaranteed: bool = False
+    dependencies: tuple[Dependency, ...] = ()  # every one must be met before it is queued
+    time_limit: float | None = None  # seconds each run may last (from its launch); then it ends as TIMEOUT
+    array_id: str = ""  # the job array it is a task of ("": none)
+    array_limit: int = 0  # at most this many tasks of its array queued or running at once (0: no limit)
+    begin_time: float | None = None  # not queued before this time (Slurm's --begin), on submit_time's clock
 
     def __post_init__(self) -> None:
         if not self.job_id:
@@ -85,6 +116,10 @@ class JobSpec:
             raise ValueError(f"job {self.job_id}: batch_size must be >= 1, got {self.batch_size}")
         if self.iterations < 1:
             raise ValueError(f"job {self.job_id}: iterations must be >= 1, got {self.iterations}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise ValueError(f"job {self.job_id}: time_limit must be > 0 seconds, got {self.time_limit}")
+        if self.array_limit < 0 or (self.array_limit and not self.array_id):
+            raise ValueError(f"job {self.job_id}: array_limit needs an array_id and must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +241,9 @@ class Job:
     deferred_until: float | None = None  # a preemption policy deferred its decision until then (Lazer)
     rank_step_times: tuple[float, ...] = ()  # latest per-rank step times reported (calibration reads them)
     calibration: CalibrationMemo | None = None  # the calibration layer's memory of this job
+    held: bool = False  # a user hold: not queued until released (Slurm's JobHeldUser)
+    time_limit_at: float | None = None  # when its current run exceeds the spec's time limit
+    timing_out: bool = False  # stopped by its time limit: its pause ends it as TIMEOUT, not queued again
 
     @property
     def job_id(self) -> str:

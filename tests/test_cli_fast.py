@@ -64,7 +64,7 @@ def test_parse_takes_the_usual_command_lines():
 
 
 @pytest.mark.parametrize("argv", [
-    ["ls", "--help"], ["submit", "-h"], ["submit"], ["show"], ["show", "1", "2"], ["cancel"], ["ls", "--bogus"],
+    ["ls", "--help"], ["submit", "-h"], ["submit"], ["show"], ["show", "1", "2"], ["hold"], ["ls", "--bogus"],
     ["submit", "t.py", "--gpus"], ["submit", "t.py", "--gpus", "two"], ["logs", "1", "-fr", "1"],
     ["ls", "--json=1"], ["top"], ["simulate"], [], ["--help"],
 ])  # fmt: skip

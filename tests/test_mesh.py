@@ -21,7 +21,7 @@ from meshsched.daemon.config import ConfigError, load_config
 from meshsched.daemon.eventlog import LOGGED, Entry, LogError
 from meshsched.daemon.etcd_local import ETCD, NO_ETCD
 from meshsched.daemon.mesh_local import LocalMesh
-from meshsched.state import ExecConfig, JobSpec, NodeSpec
+from meshsched.state import Dependency, DependencyKind, ExecConfig, JobSpec, NodeSpec
 from test_daemon_helpers import poll, remove, short_dir, start_meshd
 
 needs_etcd = pytest.mark.skipif(ETCD is None, reason=NO_ETCD)
@@ -31,14 +31,16 @@ TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 # ------------------------------------------------------------------ the log's codec and the configuration
 
 def test_every_logged_event_survives_the_log():
-    spec = JobSpec("n1.4", 2, "resnet50", 64, 100, submit_time=5.0, name="x", user="u", deadline=9.0)
+    spec = JobSpec("n1.4", 2, "resnet50", 64, 100, submit_time=5.0, name="x", user="u", deadline=9.0,
+                   dependencies=(Dependency(DependencyKind.AFTEROK, "n2.1"),), time_limit=60.0, array_id="n1.4")
     samples = [
         ev.JobSubmitted("s", spec), ev.JobStarted("s", "j"), ev.IterationReport("s", "j", 3.0, 0.5),
         ev.JobPaused("s", "j", 7.0), ev.JobFinished("s", "j"), ev.JobFailed("s", "j", "boom", requeue=True),
         ev.CancelRequested("s", "j"), ev.NodeJoined("s", NodeSpec("n2", 4, "v100", 16384)), ev.NodeLost("s", "n2"),
         ev.Tick("s", 3), ev.CheckpointSaved("s", "j", 5.0), ev.RankReport("s", "j", (0.1, 0.2)),
         ev.ReconfigureApplied("s", "j", ExecConfig(micro_batch=16, accumulation=2, mps_percentage=50)),
-        ev.TotalDeclared("s", "j", 40),
+        ev.TotalDeclared("s", "j", 40), ev.HoldRequested("s", "j"), ev.ReleaseRequested("s", "j"),
+        ev.RequeueRequested("s", "j"), ev.JobSubmitted("s", spec, held=True),
     ]
     assert {type(e).__name__ for e in samples} == set(LOGGED)
     for event in samples:

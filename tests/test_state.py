@@ -27,11 +27,12 @@ INTENDED: dict[JobState, set[JobState]] = {
     S.PENDING: {S.LOADING, S.CANCELLED, S.FAILED},
     S.LOADING: {S.RUNNING, S.PAUSING, S.PREEMPTED, S.FAILED, S.CANCELLED},
     S.RUNNING: {S.PAUSING, S.PREEMPTED, S.COMPLETED, S.FAILED, S.CANCELLED},
-    S.PAUSING: {S.PREEMPTED, S.COMPLETED, S.FAILED, S.CANCELLED},
+    S.PAUSING: {S.PREEMPTED, S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMEOUT},
     S.PREEMPTED: {S.LOADING, S.CANCELLED, S.FAILED},
     S.COMPLETED: set(),
     S.FAILED: set(),
     S.CANCELLED: set(),
+    S.TIMEOUT: set(),  # a time limit ends a job through its checkpoint (PAUSING)
 }
 
 ALL_PAIRS = list(itertools.product(list(JobState), repeat=2))
@@ -90,7 +91,7 @@ def test_terminal_states_have_no_exit(terminal):
 def test_state_classes_partition_the_lifecycle():
     assert {s for s in JobState if s.is_queued} == {S.PENDING, S.PREEMPTED}
     assert {s for s in JobState if s.holds_gpus} == {S.LOADING, S.RUNNING, S.PAUSING}
-    assert {s for s in JobState if s.is_terminal} == {S.COMPLETED, S.FAILED, S.CANCELLED}
+    assert {s for s in JobState if s.is_terminal} == {S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMEOUT}
 
 
 # ------------------------------------------------------------------ accounting
