@@ -204,7 +204,11 @@ async def logs(request: web.Request) -> web.Response:
     rank, offset = int(rank_text), int(offset_text)
     if not rank < rec.gpus:
         return _error(400, f"rank must be in [0, {rec.gpus})")
-    path = Path(rec.job_dir) / "logs" / f"rank{rank}.log"
+    node, local = d.rank_home(rec, rank)
+    if node != d.config.node_name:
+        return _error(404, f"job {rec.job_id}: rank {rank} ran on node {node}; its log is there "
+                           f"(ask that node's meshd: MESH_API_SOCKET=<its runtime dir>/api.sock mesh logs ...)")
+    path = Path(rec.job_dir) / "logs" / f"rank{local}.log"
     data, size = b"", 0
     truncated = False
     try:

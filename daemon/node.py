@@ -744,6 +744,14 @@ class NodeDaemon:
                 self.submitted(rec, ev.JobSubmitted(self._sid("submit"), _spec(rec), held=rec.held))  # never logged
         self._stop_released([j for j in self._runs if self.launcher.running(j)])
 
+    def rank_home(self, rec: JobRecord, rank: int) -> tuple[str, int]:
+        """The node that ran the job's global `rank` last and its local rank there (the log's name)."""
+        gpus = self.engine.state.gpus
+        if self.mesh is None or not rec.assigned or rank >= len(rec.assigned):
+            return self.config.node_name, rank
+        node = gpus[rec.assigned[rank]].node
+        return node, sum(1 for g in rec.assigned[:rank] if gpus[g].node == node)
+
     def leadership_changed(self) -> None:
         self._notifier.send(f"STATUS=mesh leader: {self.mesh.leader or 'none'}")
 

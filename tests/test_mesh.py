@@ -184,6 +184,12 @@ def test_mesh_elects_one_leader_runs_a_job_across_nodes_and_survives_the_leaders
     ranks = [json.loads((out / f"rank{r}").read_text()) for r in range(4)]
     assert [r["RANK"] for r in ranks] == ["0", "1", "2", "3"] and {r["WORLD_SIZE"] for r in ranks} == {"4"}
     assert {r["GROUP_RANK"] for r in ranks} == {"0", "1"} and {r["sum"] for r in ranks} == {10.0}
+    # each rank's log is on the node that ran it; the other nodes name that node in one line
+    for rank in range(4):
+        answers = {n.name: mesh.client(n).raw("GET", f"/v1/jobs/{big}/logs?rank={rank}") for n in mesh.members}
+        home = [name for name, (status, _, _) in answers.items() if status == 200]
+        assert len(home) == 1, answers
+        assert all(f"ran on node {home[0]}" in body.decode() for status, _, body in answers.values() if status == 404)
     # kill -9 the leader: another takes over, a submit through a survivor runs, nothing is lost
     running = _submit(client, "import time; time.sleep(4)")
     poll(lambda: _states(client).get(running) == "RUNNING", what="a job running")
