@@ -338,7 +338,8 @@ class _Pass:
                 d = self._loss(v) * (RUNNING_MARGIN if v.job.state is JobState.RUNNING else 1.0)
                 if victim is None or d < loss:
                     victim, loss = v, d
-            if victim is None or not (loss < gain or a.count < floor):
+            below_min = a.ask.guaranteed and a.count < a.ask.min_gpus  # best-effort jobs' minimum is 0
+            if victim is None or not (loss < gain or below_min):
                 return
             before = a.count
             if not self._take_from(victim, a, target):
