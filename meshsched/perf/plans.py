@@ -482,7 +482,7 @@ class PlanPerfModel:
         if key not in self._best:
             best = best_plan(self.catalog.profile(model), Resources(key[1]), self.env)
             if best is None:
-                raise InvalidPlan(f"no plan of {model} fits GPU memory on {sum(placement)} GPU(s)")
+                raise UnknownProfile(f"no plan of {model} fits GPU memory on {sum(placement)} GPU(s)", ())
             self._best[key] = best[1]
         return self._best[key]
 

@@ -114,7 +114,8 @@ class Rubick:
             if p.schedule(job, ask):
                 used[job.spec.tenant] = used.get(job.spec.tenant, 0) + ask.min_gpus
         running = [a.job for a in p.allocs.values() if a.movable and a.job.state is JobState.RUNNING]
-        pool = rest + (running if self.knobs.elastic or self.knobs.tune_cpus else [])
+        replans = self.knobs.elastic or self.knobs.tune_cpus or self.knobs.space is not PlanSpace.FIXED
+        pool = rest + (running if replans else [])
         if self.knobs.by_slope:
             pool.sort(key=lambda j: (-p.slope(j), j.spec.submit_time, j.job_id))
         else:
@@ -283,12 +284,12 @@ class _Pass:
             a = self.allocs[job.job_id] = _Alloc(job, ask, {})
         had = a.count
         target, floor = self._target(a), self._floor(a)
-        if target <= 0 or (had >= target and not self.knobs.tune_cpus):
+        if target <= 0 or (had >= target and not self.knobs.tune_cpus and self.knobs.space is PlanSpace.FIXED):
             self._restore(saved)
             return False
         self._take_free(a, target)
         if self.knobs.preempt:
-            self._shrink_others(a, target, floor)
+            self._shrink_others(a, target)
         if a.count < max(floor, 1) or not self._settle(a):
             self._restore(saved)
             return False
@@ -324,7 +325,7 @@ class _Pass:
             a.cpus_on[node] = a.cpus_on.get(node, 0) + each * k
             self.free_cpus[node] -= each * k
 
-    def _shrink_others(self, a: _Alloc, target: int, floor: int) -> None:
+    def _shrink_others(self, a: _Alloc, target: int) -> None:
         """Take GPUs from the job with the lowest slope above its minimum, while it loses less than `a`
         gains or `a` is below its minimum (Algorithm 1, lines 9-17)."""
         while a.count < target:
@@ -351,11 +352,8 @@ class _Pass:
         """Free one GPU of `v` (all of them with fixed resources) for `a`: on a node `a` uses, else on `v`'s
         node with the fewest of its GPUs; a guaranteed `v` only where it keeps its guarantee."""
         for node in sorted(v.gpus, key=lambda n: (n not in a.gpus, len(v.gpus[n]), n)):
-            if v.ask.guaranteed:
-                trial = {n: len(g) - (n == node) for n, g in v.gpus.items()}
-                shape = tuple(sorted((k for k in trial.values() if k), reverse=True))
-                if not shape or not self.curves.meets_guarantee(v.job.spec.model, v.ask, shape, max(v.cpus, 1)):
-                    continue
+            if v.ask.guaranteed and not self._keeps_guarantee(v, node):
+                continue
             if self.knobs.elastic:
                 self._give_back(v, node, 1)
                 self._settle_victim(v)
@@ -365,6 +363,18 @@ class _Pass:
                 v.plan, v.plan_s, v.cpus, v.memory_gb = None, 0.0, 0, 0.0
             self._take_free(a, target)
             return True
+        return False
+
+    def _keeps_guarantee(self, v: _Alloc, node: str) -> bool:
+        """Whether guaranteed `v`, one GPU fewer on `node`, settles (trimming as _settle_victim does) on GPUs
+        no fewer than its minimum demand where a plan still reaches its asked performance."""
+        left = {n: len(g) - (n == node) for n, g in v.gpus.items()}
+        while sum(left.values()) >= max(v.ask.min_gpus, 1):
+            shape = tuple(sorted((k for k in left.values() if k), reverse=True))
+            if self.curves.meets_guarantee(v.job.spec.model, v.ask, shape, max(v.cpus, MIN_CPUS_PER_GPU)):
+                return True
+            fewest = min((n for n in left if left[n]), key=lambda n: (left[n], n))
+            left[fewest] -= 1
         return False
 
     def _give_back(self, v: _Alloc, node: str, k: int) -> None:
