@@ -235,3 +235,29 @@ def test_rubick_beats_the_baselines_on_mean_jct_and_never_runs_a_guaranteed_job_
         jct[policy.split(":")[0]] = sum(j.acct.finish_time - j.spec.submit_time for j in done) / len(done)
     assert seen and not below
     assert jct["rubick"] < jct["sia"] and jct["rubick"] < jct["synergy"], jct
+
+
+# -- mesh simulate ----------------------------------------------------------------------------------------------
+
+
+def _mesh(*args):
+    from typer.testing import CliRunner
+
+    from meshsched.cli.main import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+@pytest.mark.slow
+def test_mesh_simulate_replays_plan_allocators_on_the_plan_workload_and_refuses_mixing_them():
+    r = _mesh("simulate", "--policy", "rubick:quotas=A=16,synergy", "--nodes", "2", "--jobs", "12", "--json")
+    assert r.exit_code == 0, r.output
+    import json
+
+    doc = json.loads(r.output)
+    assert doc["cluster"][0]["gpu_type"] == "a800" and doc["jobs"] == 12
+    assert [p["completed"] for p in doc["policies"]] == [12, 12]
+    r = _mesh("simulate", "--policy", "rubick,fifo", "--nodes", "2", "--jobs", "12")
+    assert r.exit_code != 0 and "compare them with each other" in r.output and "Traceback" not in r.output
+    r = _mesh("simulate", "--policy", "rubick", "--nodes", "2", "--jobs", "12")
+    assert r.exit_code == 0 and "refused at submit" in r.output  # guaranteed jobs of a tenant without quota

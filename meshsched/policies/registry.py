@@ -39,6 +39,7 @@ class Entry:
     doc: str
     params: tuple[Param, ...] = ()
     needs_models: bool = False
+    plan_models: bool = False  # allocates with the execution-plan model (replays plan-profile workloads)
 
 
 _INTERVAL = Param("interval", float, "seconds between activations (also written NAME@SECONDS)")
@@ -135,13 +136,14 @@ POLICIES: dict[str, Entry] = {
                     "execution plan (Alg. 1); guaranteed jobs keep their asked performance within tenant quotas",
                     (Param("variant", str, "full (default), e (plans only), r (resources only), n (neither)",
                            ("full", "e", "r", "n")),
-                     Param("quotas", str, "guaranteed GPUs per tenant, TENANT=GPUS/TENANT=GPUS (default: none)"))),
+                     Param("quotas", str, "guaranteed GPUs per tenant, TENANT=GPUS/TENANT=GPUS (default: none)")),
+                    plan_models=True),
     "sia": Entry("placement", _plan_baseline("sia"),
                  "Sia-like: elastic GPUs along the data-parallel size of the asked plan, CPUs as asked (Rubick's "
-                 "baseline)"),
+                 "baseline)", plan_models=True),
     "synergy": Entry("placement", _plan_baseline("synergy"),
                      "Synergy-like: asked GPUs and plan, CPUs and memory tuned to the plan, FIFO with backfill "
-                     "(Rubick's baseline)"),
+                     "(Rubick's baseline)", plan_models=True),
     "fifo": Entry("placement", _queue("fifo", Fifo, strict=True),
                   "first come first served, head-of-line blocking, non-preemptive", (_INTERVAL,)),
     "sjf": Entry("placement", _queue("sjf", ShortestJob), "shortest expected duration first, backfills, non-preemptive",
@@ -290,6 +292,11 @@ def parse_policy(spec: str) -> dict[str, tuple[str, dict]]:
 def needs_models(spec: str) -> bool:
     """Whether a stack needs the interference predictor and the other models (the sharing policies do)."""
     return any(POLICIES[n].needs_models for n, _ in parse_policy(spec).values())
+
+
+def needs_plan_models(spec: str) -> bool:
+    """Whether a stack allocates with the execution-plan model (rubick, sia, synergy)."""
+    return any(POLICIES[n].plan_models for n, _ in parse_policy(spec).values())
 
 
 def _installed_handle() -> PolicyHandle:
