@@ -14,6 +14,7 @@ from meshsched.perf.loader import load_plan_catalog
 from meshsched.perf.placement import ideal_placement
 from meshsched.perf.plans import ExecutionPlan, PlanPerfModel, Resources, best_plan, iteration_time
 from meshsched.policies.registry import UnknownPolicy, make_policy, parse_policy
+from meshsched.policies.rubick import LEASE
 from meshsched.policies.stack import PolicyHandle
 from meshsched.sim.loop import ClusterSpec, simulate
 from meshsched.sim.rubick_trace import WorkloadOptions, load_plan_trace
@@ -133,11 +134,13 @@ def test_rubick_e_replans_a_running_job_in_place_through_reconfigure():
     s = spec("a", gpus=4, plan="dp4-tp1-pp1-ga4-gc")
     poor = ExecConfig(1, 4, plan="dp4-tp1-pp1-ga4-gc", gpus=4, cpus_per_gpu=4, memory_gb_per_gpu=8.0)
     rig(ev.JobAdopted("adopt-a", s, (0, 1, 2, 3), 0.0, 0.0, 1, poor), 0.0)
-    out = rig(ev.RecoveryDone("recovered"), 1.0)
+    lease = LEASE * (PERF.pause_time("gpt2") + PERF.load_time("gpt2"))
+    assert not rig(ev.RecoveryDone("recovered"), lease - 1)  # (re)started too recently to restart it again
+    out = rig(ev.RecoveryDone("recovered-2"), lease)
     (rc,) = [a for a in out if isinstance(a, Reconfigure)]
     assert rc.restart and rc.exec.plan != poor.plan and rc.exec.gpus == 4
     assert PERF.plan_iteration_time("gpt2", rc.exec, (4,)) < PERF.plan_iteration_time("gpt2", poor, (4,))
-    rig(ev.ReconfigureApplied("applied-a", "a", rc.exec), 80.0)
+    rig(ev.ReconfigureApplied("applied-a", "a", rc.exec), lease + 78)
     assert rig.job("a").exec == rc.exec
 
 

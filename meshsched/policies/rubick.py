@@ -30,6 +30,8 @@ from meshsched.state import ExecConfig, Job, JobSpec, JobState
 
 RUNNING_MARGIN = 1.25  # a running job is shrunk only for a gain this much larger than its loss (it restarts)
 PAYBACK = 2.0  # a voluntary change of a running job must save this many restart times on its remaining work
+LEASE = 10.0  # a job runs this many restart times after a (re)start before it is changed again, unless a
+# guaranteed job needs its GPUs to reach its minimum
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +163,7 @@ class _Alloc:
     plan: ExecutionPlan | None = None
     plan_s: float = 0.0  # its plan's iteration time here
     movable: bool = True  # may change in this pass (not loading, pausing or mid-reconfiguration)
+    leased: bool = False  # (re)started less than LEASE restarts ago: changed only for a guaranteed job's minimum
     cpus_on: dict[str, int] = field(default_factory=dict)
     mem_on: dict[str, float] = field(default_factory=dict)
 
@@ -170,7 +173,7 @@ class _Alloc:
 
     def copy(self) -> _Alloc:
         return _Alloc(self.job, self.ask, {n: list(g) for n, g in self.gpus.items()}, self.cpus, self.memory_gb,
-                      self.plan, self.plan_s, self.movable, dict(self.cpus_on), dict(self.mem_on))
+                      self.plan, self.plan_s, self.movable, self.leased, dict(self.cpus_on), dict(self.mem_on))
 
     def sig(self) -> tuple:
         return (tuple(sorted(g for gs in self.gpus.values() for g in gs)), self.cpus, str(self.plan))
@@ -216,6 +219,7 @@ class _Pass:
                 a.ask = None
             a.movable = (a.ask is not None and a.plan is not None and job.state is JobState.RUNNING
                          and job.exec_pending is None)
+            a.leased = now - job.since < LEASE * (self.perf.pause_time(job.spec.model) + self.perf.load_time(job.spec.model))
             if a.plan is not None and a.ask is not None:
                 a.plan_s = self._time(a, a.plan, a.shape(), max(a.cpus, MIN_CPUS_PER_GPU))
             self.allocs[job.job_id] = a
@@ -277,7 +281,7 @@ class _Pass:
     def schedule(self, job: Job, ask: Ask) -> bool:
         """Algorithm 1's ScheduleJob for one job; False (and nothing changed) if it gets no new allocation."""
         a = self.allocs.get(job.job_id)
-        if a is not None and not a.movable:
+        if a is not None and (not a.movable or a.leased):
             return False
         saved = self._save()
         if a is None:
@@ -330,16 +334,16 @@ class _Pass:
         gains or `a` is below its minimum (Algorithm 1, lines 9-17)."""
         while a.count < target:
             gain = self._gain(a, target)
+            below_min = a.ask.guaranteed and a.count < a.ask.min_gpus  # best-effort jobs' minimum is 0
             victim, loss = None, 0.0
             for v in self.allocs.values():
-                if v is a or not v.movable or v.ask is None or v.count == 0:
+                if v is a or not v.movable or v.ask is None or v.count == 0 or (v.leased and not below_min):
                     continue
                 if v.ask.guaranteed and (v.count <= v.ask.min_gpus or not self.knobs.elastic):
                     continue  # never below its minimum demand
                 d = self._loss(v) * (RUNNING_MARGIN if v.job.state is JobState.RUNNING else 1.0)
                 if victim is None or d < loss:
                     victim, loss = v, d
-            below_min = a.ask.guaranteed and a.count < a.ask.min_gpus  # best-effort jobs' minimum is 0
             if victim is None or not (loss < gain or below_min):
                 return
             before = a.count
