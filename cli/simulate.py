@@ -78,8 +78,8 @@ def simulate_cmd(
             fail(f"{', '.join(planned)} allocate with execution plans and replay plan-profile workloads; compare them "
                  f"with each other (rubick, sia, synergy), not with {', '.join(n for n in names if n not in planned)}")
         if window is not None or load != 1.0 or cluster_text is not None:
-            fail("--window, --load and --cluster do not apply to plan allocators (the workload is the trace's "
-                 "busiest 12 hours; docs/simulator-rules.md)")
+            fail("--window, --load and --cluster do not apply to plan allocators (their workload is the trace's "
+                 "busiest 12 hours, README: Rubick)")
     try:
         perf = _plan_perf(gpu_type) if planned else load_perf_model(overheads)
     except UnknownProfile as e:
