@@ -40,7 +40,7 @@ def simulate_cmd(
                                                       "NAME:KEY=VALUE sets a parameter (castor:depth=32)."),
     nodes: int = typer.Option(64, help="Simulated servers."),
     gpus_per_node: int = typer.Option(8, help="GPUs per server."),
-    gpu_type: str = typer.Option(DEFAULT_GPU_TYPE, help="GPU type of the simulated cluster (k80, p100, v100, t4)."),
+    gpu_type: str = typer.Option(DEFAULT_GPU_TYPE, help="GPU type of the simulated cluster (k80, p100, v100, t4; the plan allocators rubick, sia and synergy use a800)."),
     cluster_text: str | None = typer.Option(None, "--cluster", help="A mixed cluster, TYPE:NODES[xGPUS],... e.g. "
                                             "v100:16,p100:16,k80:16 (overrides --nodes/--gpu-type; the first type is "
                                             "the one trace durations are measured on)."),

@@ -6,16 +6,22 @@ One pass (on every arrival and release):
 1. privileged jobs: queued guaranteed jobs whose minimum demand fits their tenant's remaining quota (a job's
    quota use is its minimum demand), oldest first, are scheduled, shrinking others if they must;
 2. best-effort queued jobs and running jobs, steepest GPU slope first, are scheduled (queued: started; running:
-   grown). ScheduleJob takes free GPUs first (the fewest nodes), then shrinks, one GPU at a time, the job with
-   the lowest slope above its minimum demand, while that job loses less per GPU than this one gains (a running
-   job's loss counts RUNNING_MARGIN more: it pays a restart) or while this one is below its minimum. A job
-   shrunk below its fewest valid GPUs is preempted. The best plan for the placement is chosen (ZeRO-Offload
-   plans get the CPUs they gain from), then host memory for that plan (AllocMem).
+   grown). ScheduleJob takes free GPUs first (the fewest nodes; the paper takes a node's free GPUs and then
+   shrinks on that node before moving on), then shrinks, one GPU at a time, the job with the lowest slope above
+   its minimum demand, while that job loses less per GPU than this one gains (a running job's loss counts
+   RUNNING_MARGIN more: it pays a restart) or while this one is a guaranteed job below its minimum (a
+   best-effort job's minimum is 0). A job shrunk below its fewest valid GPUs is preempted. The best plan for
+   the placement is chosen (ZeRO-Offload plans get the CPUs they gain from), then host memory (AllocMem).
+   A job's GPU count is how far its curve stays steep: it grows while a step adds >= THETA of its mean
+   throughput per GPU (rubick_curves.Curves.desired); the paper's job takes all free resources and is shrunk
+   by steeper ones.
 Running jobs carry out changes through the engine: same GPUs with a new plan or CPUs -> Reconfigure (a
 checkpoint-restart); other GPUs -> Evict, then Start with the new allocation in the pass after it paused.
-A change a running job is not forced into happens only if the time it saves on its remaining work pays
-PAYBACK restarts. Guaranteed jobs are never placed or shrunk where their plan model says they would run
-slower than asked.
+Beyond the paper, against restart churn: a change a running job is not forced into happens only if the time
+it saves on its remaining work pays PAYBACK restarts (plus what it costs the running jobs it shrinks), and a
+job (re)started less than LEASE restart times ago is changed only for a guaranteed job below its minimum.
+Guaranteed jobs are never placed or shrunk where their plan model says they would run slower than asked.
+CPUs are one count per GPU for a job (uniform over its nodes); memory is per GPU from its plan.
 """
 
 from __future__ import annotations
@@ -454,7 +460,8 @@ class _Pass:
             b = self.allocs[job_id]
             if b is a or job_id not in self.before or b.sig() == o.sig() or b.job.state is not JobState.RUNNING:
                 continue
-            cost += self._restart_s(b.job) + self._left(b.job) * max(0.0, (b.plan_s or o.plan_s * 2) - o.plan_s)
+            slower = b.plan_s - o.plan_s if b.count else o.plan_s  # preempted: charged as if at half speed
+            cost += self._restart_s(b.job) + self._left(b.job) * max(0.0, slower)
         return self._left(a.job) * (old.plan_s - a.plan_s) > cost
 
     def _restart_s(self, job: Job) -> float:
