@@ -264,3 +264,25 @@ def test_mesh_simulate_replays_plan_allocators_on_the_plan_workload_and_refuses_
     assert r.exit_code != 0 and "compare them with each other" in r.output and "Traceback" not in r.output
     r = _mesh("simulate", "--policy", "rubick", "--nodes", "2", "--jobs", "12")
     assert r.exit_code == 0 and "refused at submit" in r.output  # guaranteed jobs of a tenant without quota
+
+
+# -- the baselines --------------------------------------------------------------------------------------------
+
+
+def test_sia_like_scales_only_the_data_parallel_size_of_the_asked_plan_with_the_asked_cpus():
+    rig = Rig("sia")
+    out = launches(rig.submit(spec("a", model="t5", gpus=2, plan="dp1-tp2-pp1-ga2-gc", cpus=8)))
+    plan = ExecutionPlan.parse(out["a"].exec.plan)
+    assert (plan.tp, plan.pp, plan.gc, plan.zero, plan.offload) == (2, 1, True, 0, False)
+    assert plan.dp * 2 == len(out["a"].gpus) > 2  # grown along DP
+    assert out["a"].exec.cpus_per_gpu == 4
+
+
+def test_synergy_like_keeps_the_asked_gpus_and_plan_and_gives_an_offload_plan_more_cpus():
+    rig = Rig("synergy")
+    asked = "dp1-tp1-pp1-ga2-z1-off"
+    out = launches(rig.submit(spec("off", model="llama7", gpus=1, plan=asked, cpus=2)))
+    assert len(out["off"].gpus) == 1 and out["off"].exec.plan == asked
+    assert out["off"].exec.cpus_per_gpu > 2  # its CPU step speeds up with more cores
+    out = launches(rig.submit(spec("dp", gpus=2, plan="dp2-tp1-pp1-ga1", cpus=8), 1.0))
+    assert len(out["dp"].gpus) == 2 and out["dp"].exec.cpus_per_gpu == 1  # insensitive to CPUs: the fewest
