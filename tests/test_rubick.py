@@ -30,7 +30,7 @@ class Rig:
     def __init__(self, policy: str, nodes=(("n0", 8, None),)) -> None:
         self.engine = Engine(make_policy(policy, PolicyHandle(PERF)), ProfileEstimator(PERF), ClusterState())
         for name, gpus, cpus in nodes:
-            self(ev.NodeJoined(f"join-{name}", NodeSpec(name, gpus, "a800", 81920, cpus)), 0.0)
+            self(ev.NodeJoined(f"join-{name}", NodeSpec(name, gpus, "a800", 81920, cpus=cpus)), 0.0)
 
     def __call__(self, event, now):
         out = self.engine.handle(event, now)
