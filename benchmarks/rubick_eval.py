@@ -1,7 +1,7 @@
 """Rubick against the Sia-like and Synergy-like allocators in the simulator (issue 14; Rubick Table 4).
 
     python benchmarks/rubick_eval.py [--json] [--jobs 406] [--nodes 8] [--seed 0] [--quota 64]
-                                     [--policies rubick,sia,synergy] [--variants]
+                                     [--policies rubick,sia,synergy] [--variants] [--cpus-per-node 96]
 
 The workload (`meshsched.sim.rubick_trace`, as the paper builds its trace): the busiest 12 hours of the
 built-in Philly trace (by GPU-hours asked, durations capped at 6 h), down-sampled to JOBS jobs (the paper's
@@ -120,13 +120,14 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quota", type=int, default=None, help="tenant A's guaranteed GPUs (default: the cluster)")
+    ap.add_argument("--cpus-per-node", type=int, default=None, help="CPUs per server (default 96, the paper's)")
     ap.add_argument("--policies", default="rubick,sia,synergy")
     ap.add_argument("--variants", action="store_true", help="add Rubick-E, -R and -N")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     perf = PlanPerfModel(load_plan_catalog())
     quota = a.quota if a.quota is not None else a.nodes * NODE_GPUS
-    cluster = ClusterSpec(a.nodes, NODE_GPUS, "a800", perf.gpu_memory_mb("a800"))
+    cluster = ClusterSpec(a.nodes, NODE_GPUS, "a800", perf.gpu_memory_mb("a800"), cpus_per_node=a.cpus_per_node)
     jobs = load_plan_trace("philly", perf, WorkloadOptions(jobs=a.jobs, max_gpus=cluster.total_gpus, seed=a.seed))
     names = [p.strip() for p in a.policies.split(",") if p.strip()]
     if a.variants:
@@ -138,12 +139,13 @@ def main() -> None:
         row["policy"] = name
         rows.append(row)
     meta = {"jobs": len(jobs), "guaranteed": sum(j.guaranteed for j in jobs), "nodes": a.nodes,
-            "gpus": cluster.total_gpus, "seed": a.seed, "quota_A": quota}
+            "gpus": cluster.total_gpus, "seed": a.seed, "quota_A": quota,
+            "cpus_per_node": cluster.node_specs()[0].cpu_count}
     if a.json:
         print(json.dumps({**meta, "policies": rows}, indent=2))
         return
     print(f"Philly busiest 12 h, {meta['jobs']} jobs ({meta['guaranteed']} guaranteed, tenant A quota {quota} GPUs) "
-          f"on {a.nodes} x 8 A800, seed {a.seed}")
+          f"on {a.nodes} x 8 A800 with {meta['cpus_per_node']} CPUs each, seed {a.seed}")
     head = ("policy", "done", "JCT h", "p99 h", "guar h", "BE h", "wait h", "span h", "restarts", "reconf",
             "below", "sim s")
     print(" ".join(f"{h:>9}" for h in head))

@@ -286,3 +286,10 @@ def test_synergy_like_keeps_the_asked_gpus_and_plan_and_gives_an_offload_plan_mo
     assert out["off"].exec.cpus_per_gpu > 2  # its CPU step speeds up with more cores
     out = launches(rig.submit(spec("dp", gpus=2, plan="dp2-tp1-pp1-ga1", cpus=8), 1.0))
     assert len(out["dp"].gpus) == 2 and out["dp"].exec.cpus_per_gpu == 1  # insensitive to CPUs: the fewest
+
+
+def test_a_simulated_cluster_takes_cpus_and_memory_per_node_or_the_papers_share_by_default():
+    default = ClusterSpec(2, 8, "a800", 81920).node_specs()
+    assert [(n.cpu_count, n.host_memory_gb) for n in default] == [(96, 1600.0)] * 2
+    small = ClusterSpec(2, 8, "a800", 81920, cpus_per_node=16, memory_gb_per_node=256.0).node_specs()
+    assert [(n.cpu_count, n.host_memory_gb) for n in small] == [(16, 256.0)] * 2
