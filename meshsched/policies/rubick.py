@@ -199,6 +199,7 @@ class _Pass:
         self.free = {n.name: [g for g in n.gpus if view.gpu_is_free(g)] for n in nodes}
         self.free_cpus = {n.name: n.cpus for n in nodes}
         self.free_mem = {n.name: n.host_memory_gb for n in nodes}
+        self.share = {n.name: max(n.cpus // n.size, MIN_CPUS_PER_GPU) for n in nodes}  # CPUs per GPU
         self.node_cpus = _node_cpus_per_gpu(view)
         self.allocs: dict[str, _Alloc] = {}
         self.before: dict[str, tuple] = {}
@@ -418,7 +419,11 @@ class _Pass:
         model, shape = a.job.spec.model, a.shape()
         if not shape:
             return False
-        room = {n: self.free_cpus[n] + a.cpus_on.get(n, 0) for n in a.gpus}
+        # tuned CPUs leave each still-free GPU of the node its proportional share (Synergy's rule: no job gets
+        # less than its GPU-proportional CPUs unless it gains nothing from them; extra comes from the rest)
+        reserve = {n: self.share[n] * len(self.free[n]) if self.knobs.tune_cpus and not keep_cpus else 0
+                   for n in a.gpus}
+        room = {n: self.free_cpus[n] + a.cpus_on.get(n, 0) - reserve[n] for n in a.gpus}
         most = min(room[n] // len(gs) for n, gs in a.gpus.items())
         if keep_cpus:
             want = max(a.cpus, MIN_CPUS_PER_GPU)
