@@ -11,7 +11,7 @@ import typer
 from meshsched.cli.output import fail, print_json
 from meshsched.perf import DEFAULT_GPU_TYPE, UnknownProfile, load_perf_model
 from meshsched.perf.loader import OVERHEAD_REGIMES
-from meshsched.policies.registry import POLICIES, UnknownPolicy, make_policy, needs_models
+from meshsched.policies.registry import POLICIES, UnknownPolicy, make_policy, needs_models, needs_plan_models
 
 from meshsched.sim.traces import BUILTIN_TRACES, TraceError, TraceOptions, load_trace
 
@@ -40,7 +40,7 @@ def simulate_cmd(
                                                       "NAME:KEY=VALUE sets a parameter (castor:depth=32)."),
     nodes: int = typer.Option(64, help="Simulated servers."),
     gpus_per_node: int = typer.Option(8, help="GPUs per server."),
-    gpu_type: str = typer.Option(DEFAULT_GPU_TYPE, help="GPU type of the simulated cluster (k80, p100, v100, t4)."),
+    gpu_type: str = typer.Option(DEFAULT_GPU_TYPE, help="GPU type of the simulated cluster (k80, p100, v100, t4; the plan allocators rubick, sia and synergy use a800)."),
     cluster_text: str | None = typer.Option(None, "--cluster", help="A mixed cluster, TYPE:NODES[xGPUS],... e.g. "
                                             "v100:16,p100:16,k80:16 (overrides --nodes/--gpu-type; the first type is "
                                             "the one trace durations are measured on)."),
@@ -72,10 +72,20 @@ def simulate_cmd(
         sharing = any(needs_models(spec) for spec in names)  # parses every stack: a bad one fails here
     except (UnknownPolicy, ValueError) as e:
         fail(str(e))
+    planned = [n for n in names if needs_plan_models(n)]
+    if planned:
+        if len(planned) != len(names):
+            fail(f"{', '.join(planned)} allocate with execution plans and replay plan-profile workloads; compare them "
+                 f"with each other (rubick, sia, synergy), not with {', '.join(n for n in names if n not in planned)}")
+        if window is not None or load != 1.0 or cluster_text is not None:
+            fail("--window, --load and --cluster do not apply to plan allocators (their workload is the trace's "
+                 "busiest 12 hours, README: Rubick)")
     try:
-        perf = load_perf_model(overheads)
+        perf = _plan_perf(gpu_type) if planned else load_perf_model(overheads)
     except UnknownProfile as e:
         fail(str(e))
+    if planned:
+        gpu_type = perf.gpu_types[0]
     from meshsched.perf.loader import load_interference
     from meshsched.policies.stack import PolicyHandle
 
@@ -101,8 +111,12 @@ def simulate_cmd(
     if gpu_type not in perf.gpu_types:
         fail(f"unknown GPU type {gpu_type!r}; profiled: {', '.join(perf.gpu_types)}")
     try:
-        opts = TraceOptions(gpu_type=gpu_type, gpus_per_node=gpus_per_node, seed=seed, load=load, first_n=jobs, window=_window(window))
-        tr = load_trace(trace, perf, opts)
+        if planned:
+            tr = _plan_trace(trace, perf, nodes * gpus_per_node, gpus_per_node, seed, jobs)
+        else:
+            opts = TraceOptions(gpu_type=gpu_type, gpus_per_node=gpus_per_node, seed=seed, load=load, first_n=jobs,
+                                window=_window(window))
+            tr = load_trace(trace, perf, opts)
     except (TraceError, UnknownProfile) as e:
         fail(str(e))
     if cluster is None:
@@ -139,6 +153,11 @@ def simulate_cmd(
             bar.remove_task(task)
             results[name] = r
             summaries.append((summarise(r, name), wall))
+            refused = [j.reason for j in r.engine.state.jobs.values() if j.reason.startswith("refused: ")]
+            if refused:  # jobs that could never run: failed at submit, one line each (the first few)
+                warnings.append(f"{name}: {len(refused)} job(s) refused at submit, e.g. {refused[0]}")
+                if not json_out:
+                    typer.echo(f"mesh: warning: {warnings[-1]}", err=True)
 
     if out is not None:
         written = _write_outputs(out, results, summaries)
@@ -163,6 +182,24 @@ def simulate_cmd(
         )  # fmt: skip
     else:
         _print_table(tr.name, len(tr.jobs), cluster, summaries, wide)
+
+
+def _plan_perf(gpu_type: str):
+    """The plan model of `gpu_type` (the default GPU type has none: the A800 plans)."""
+    from meshsched.perf.loader import load_plan_catalog
+    from meshsched.perf.plans import PlanPerfModel
+
+    return PlanPerfModel(load_plan_catalog("a800" if gpu_type == DEFAULT_GPU_TYPE else gpu_type))
+
+
+def _plan_trace(trace: str, perf, gpus: int, gpus_per_node: int, seed: int, jobs: int | None):
+    """The paper's workload for plan allocators (meshsched.sim.rubick_trace), as a Trace."""
+    from meshsched.sim.rubick_trace import WorkloadOptions, load_plan_trace
+    from meshsched.sim.traces import Trace
+
+    specs = load_plan_trace(trace, perf, WorkloadOptions(jobs=jobs or 406, max_gpus=min(gpus, 64),
+                                                          gpus_per_node=gpus_per_node, seed=seed))
+    return Trace(f"{trace} (busiest 12 h, plan models)", tuple(specs), ())
 
 
 # (column, shown without --wide, cell) for the comparison table; the default set fits 100 columns

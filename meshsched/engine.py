@@ -156,12 +156,34 @@ class Engine:
             raise ValueError(f"job {spec.job_id} already exists")
         job = Job(spec, ideal_step_time=self._ideal_step_time(spec), since=now, progress_time=now)
         self.state.jobs[spec.job_id] = job
+        refused = self.admission_error(spec)
+        if refused is not None:  # it could never run: fail it now rather than queue it for ever
+            job.transition(JobState.FAILED, now)
+            job.reason = f"refused: {refused}"
+            job.acct.finish_time = now
+            self._log(now, e.stimulus_id, job, job.reason)
+            return None
         self._log(now, e.stimulus_id, job, f"submitted: {spec.gpus} GPU(s), model {spec.model}")
         if e.held or _controlled(spec):
             job.held = e.held
             return Trigger.ARRIVAL if self._admit(job, now, e.stimulus_id) else None
         self._enqueue(job)
         return Trigger.ARRIVAL
+
+    def admission_error(self, spec) -> str | None:
+        """Why a job could never run here (one line), or None: more CPUs or host memory per node than any live
+        node has, or what the policy stack refuses (an infeasible plan, a guarantee over the tenant's quota)."""
+        nodes = [n for n in self.state.nodes.values() if n.alive]
+        for what, asked, have in (("CPUs", spec.cpus, lambda n: n.cpus), ("GB of memory", spec.memory_gb,
+                                                                          lambda n: n.host_memory_gb)):
+            if asked is None or not nodes:
+                continue
+            per_gpu = asked / spec.gpus
+            if not any(per_gpu * min(spec.gpus, n.size) <= have(n) + 1e-9 for n in nodes):
+                most = max(have(n) for n in nodes)
+                return (f"asks for {asked:g} {what} over {spec.gpus} GPU(s) ({per_gpu:g} per GPU); no node has "
+                        f"that many for its share (the most a node has is {most:g})")
+        return self.policy.admission_error(self.view(), spec)
 
     def _on_started(self, e: ev.JobStarted, now: float, actions: list[Action]) -> Trigger | None:
         job = self.state.jobs.get(e.job_id)

@@ -106,10 +106,17 @@ class JobSpec:
     array_id: str = ""  # the job array it is a task of ("": none)
     array_limit: int = 0  # at most this many tasks of its array queued or running at once (0: no limit)
     begin_time: float | None = None  # not queued before this time (Slurm's --begin), on submit_time's clock
+    plan: str | None = None  # the execution plan asked for (Rubick; meshsched.perf.plans string form)
+    cpus: int | None = None  # CPU cores asked for in all (None: the node's share per GPU)
+    memory_gb: float | None = None  # host memory asked for in all, GB (None: the node's share per GPU)
 
     def __post_init__(self) -> None:
         if not self.job_id:
             raise ValueError("job_id must not be empty")
+        if self.cpus is not None and self.cpus < 1:
+            raise ValueError(f"job {self.job_id}: cpus must be >= 1, got {self.cpus}")
+        if self.memory_gb is not None and not self.memory_gb > 0:
+            raise ValueError(f"job {self.job_id}: memory_gb must be > 0, got {self.memory_gb}")
         if self.gpus < 1:
             raise ValueError(f"job {self.job_id}: gpus must be >= 1, got {self.gpus}")
         if self.batch_size < 1:
@@ -132,6 +139,8 @@ class ExecConfig:
     context is created, so changing them (or `plan`, an execution plan such as Rubick's) needs a restart.
     `local_batches` (Gimbal's LISS) gives each rank its own samples per step, summing to `per_gpu_batch` x
     ranks so the global batch is unchanged (None: every rank takes `per_gpu_batch`); it changes in-process.
+    An allocator that resizes jobs (Rubick) sets `gpus` (GPUs held when not the request), `cpus_per_gpu` and
+    `memory_gb_per_gpu` (host memory); None leaves them unaccounted. Changing any of them needs a restart.
     """
 
     micro_batch: int
@@ -140,8 +149,13 @@ class ExecConfig:
     memory_limit_mb: int | None = None
     plan: str | None = None
     local_batches: tuple[int, ...] | None = None
+    gpus: int | None = None
+    cpus_per_gpu: int | None = None
+    memory_gb_per_gpu: float | None = None
 
     def __post_init__(self) -> None:
+        if (self.gpus is not None and self.gpus < 1) or (self.cpus_per_gpu is not None and self.cpus_per_gpu < 1):
+            raise ValueError(f"gpus and cpus_per_gpu must be >= 1, got {self.gpus}, {self.cpus_per_gpu}")
         if self.micro_batch < 1 or self.accumulation < 1:
             raise ValueError(f"micro_batch and accumulation must be >= 1, got {self.micro_batch} x {self.accumulation}")
         if not 1 <= self.mps_percentage <= 100:
@@ -166,18 +180,27 @@ class ExecConfig:
     def needs_restart(self, new: ExecConfig) -> bool:
         """Whether going from self to `new` needs a checkpoint and restart (MPS limits, plan), rather than a
         change at a step boundary through the SDK (micro-batch, accumulation)."""
-        return (self.mps_percentage, self.memory_limit_mb, self.plan) != (new.mps_percentage, new.memory_limit_mb, new.plan)
+        return self._restart_key() != new._restart_key()
+
+    def _restart_key(self) -> tuple:
+        return (self.mps_percentage, self.memory_limit_mb, self.plan, self.gpus, self.cpus_per_gpu,
+                self.memory_gb_per_gpu)
 
     def to_dict(self) -> dict:
-        return {"micro_batch": self.micro_batch, "accumulation": self.accumulation,
-                "mps_percentage": self.mps_percentage, "memory_limit_mb": self.memory_limit_mb, "plan": self.plan,
-                "local_batches": None if self.local_batches is None else list(self.local_batches)}
+        out = {"micro_batch": self.micro_batch, "accumulation": self.accumulation,
+               "mps_percentage": self.mps_percentage, "memory_limit_mb": self.memory_limit_mb, "plan": self.plan,
+               "local_batches": None if self.local_batches is None else list(self.local_batches)}
+        for key in ("gpus", "cpus_per_gpu", "memory_gb_per_gpu"):  # only when an allocator set them
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> ExecConfig:
         lb = d.get("local_batches")
         return cls(int(d["micro_batch"]), int(d.get("accumulation", 1)), int(d.get("mps_percentage", 100)),
-                   d.get("memory_limit_mb"), d.get("plan"), None if lb is None else tuple(int(b) for b in lb))
+                   d.get("memory_limit_mb"), d.get("plan"), None if lb is None else tuple(int(b) for b in lb),
+                   d.get("gpus"), d.get("cpus_per_gpu"), d.get("memory_gb_per_gpu"))
 
     def samples(self, ranks: int) -> tuple[int, ...]:
         """Each rank's samples per step."""
@@ -306,6 +329,8 @@ class Node:
     alive: bool = True
     gpu_type: str = ""
     memory_mb: int = 0
+    cpus: int = 0  # CPU cores for jobs
+    host_memory_gb: float = 0.0  # host memory for jobs
 
     @property
     def size(self) -> int:
@@ -314,15 +339,34 @@ class Node:
 
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
+    """A server. CPUs and host memory default to the Rubick paper's testbed share per GPU (96 vCPUs and
+    1,600 GB for 8 A800s: 12 cores and 200 GB per GPU)."""
+
     name: str
     gpus: int
     gpu_type: str
     gpu_memory_mb: int
     address: str = ""  # where its ranks are reached from other nodes (a mesh's MASTER_ADDR); not for scheduling
+    cpus: int | None = None
+    memory_gb: float | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
             raise ValueError(f"node {self.name}: needs at least one GPU")
+        if (self.cpus is not None and self.cpus < 1) or (self.memory_gb is not None and not self.memory_gb > 0):
+            raise ValueError(f"node {self.name}: cpus and memory_gb must be positive, got {self.cpus}, {self.memory_gb}")
+
+    @property
+    def cpu_count(self) -> int:
+        return self.cpus if self.cpus is not None else CPUS_PER_GPU * self.gpus
+
+    @property
+    def host_memory_gb(self) -> float:
+        return self.memory_gb if self.memory_gb is not None else HOST_MEMORY_GB_PER_GPU * self.gpus
+
+
+CPUS_PER_GPU = 12  # the Rubick paper's testbed: 96 vCPUs per 8-GPU server
+HOST_MEMORY_GB_PER_GPU = 200.0  # and 1,600 GB of memory
 
 
 
@@ -376,7 +420,8 @@ class ClusterState:
         first = len(self.gpus)
         for i in range(spec.gpus):
             self.gpus.append(Gpu(first + i, spec.name, i, spec.gpu_type, spec.gpu_memory_mb))
-        node = Node(spec.name, list(range(first, first + spec.gpus)), True, spec.gpu_type, spec.gpu_memory_mb)
+        node = Node(spec.name, list(range(first, first + spec.gpus)), True, spec.gpu_type, spec.gpu_memory_mb,
+                    spec.cpu_count, spec.host_memory_gb)
         self.nodes[spec.name] = node
         self.free_by_node[spec.name] = spec.gpus
         self._resize()
@@ -425,11 +470,19 @@ class ClusterState:
             raise InvariantViolation(msg)
 
         holders: dict[int, list[str]] = {}
+        cpus: dict[str, float] = {}
+        memory: dict[str, float] = {}
         for job in self.jobs.values():
             st = job.state
             if st.holds_gpus:
-                if len(job.gpus) != job.spec.gpus:
-                    fail(f"{job.job_id} ({st.value}) holds {len(job.gpus)} GPUs, asked for {job.spec.gpus}")
+                want = job.exec.gpus if job.exec is not None and job.exec.gpus is not None else job.spec.gpus
+                if len(job.gpus) != want:
+                    fail(f"{job.job_id} ({st.value}) holds {len(job.gpus)} GPUs, asked for {want}")
+                if job.exec is not None:
+                    for g in job.gpus:
+                        node = self.gpus[g].node
+                        cpus[node] = cpus.get(node, 0) + (job.exec.cpus_per_gpu or 0)
+                        memory[node] = memory.get(node, 0.0) + (job.exec.memory_gb_per_gpu or 0.0)
                 if len(set(job.gpus)) != len(job.gpus):
                     fail(f"{job.job_id} holds a GPU twice: {job.gpus}")
                 for g in job.gpus:
@@ -449,6 +502,11 @@ class ClusterState:
                 fail(f"GPU {gpu.index} lists {gpu.jobs} but jobs holding it are {holders.get(gpu.index, [])}")
             if gpu.jobs and not self.nodes[gpu.node].alive:
                 fail(f"GPU {gpu.index} on lost node {gpu.node} still holds {gpu.jobs}")
+        for name, used in cpus.items():
+            node = self.nodes[name]
+            if used > node.cpus or memory[name] > node.host_memory_gb + 1e-6:
+                fail(f"node {name}: jobs hold {used} CPUs and {memory[name]:.1f} GB, it has {node.cpus} and "
+                     f"{node.host_memory_gb:g} GB")
         alive = [n.size for n in self.nodes.values() if n.alive]
         if (self.total_gpus, self.largest_node) != (sum(alive), max(alive, default=0)):
             fail(f"cached sizes {self.total_gpus}/{self.largest_node} do not match the live nodes")

@@ -372,10 +372,11 @@ def _divisors(n: int) -> list[int]:
 
 
 def candidate_plans(spec: ModelSpec, gpus: int) -> list[ExecutionPlan]:
-    """Every valid plan for `gpus` GPUs (memory not checked), in a fixed order."""
+    """Every valid plan for `gpus` GPUs (memory not checked), in a fixed order. TP divides the hidden size
+    (Megatron splits the hidden dimension and the attention heads)."""
     out = []
     for t, p in itertools.product(_divisors(gpus), repeat=2):
-        if gpus % (t * p) or p > spec.layers:
+        if gpus % (t * p) or p > spec.layers or spec.hidden % t:
             continue
         d = gpus // (t * p)
         if spec.global_batch % d:
@@ -447,3 +448,58 @@ def catalog_from_json(doc: dict[str, Any]) -> PlanCatalog:
         )
     return PlanCatalog(doc["gpu_type"], env, profiles, measured)
 
+
+
+# -- the plan model as the simulator's performance model --------------------------------------------------
+
+RECONFIGURE_LOAD_S = 60.0  # restart with the new plan, resume from the checkpoint
+RECONFIGURE_PAUSE_S = 18.0  # save the checkpoint; with the load, the 78 s the paper measures per reconfiguration
+
+
+class PlanPerfModel:
+    """The `PerfModel` surface the simulator and the engine's estimates use, over a `PlanCatalog`: a job under
+    a plan (`ExecConfig.plan`) steps at `plan_iteration_time`; without one, at its best feasible plan on those
+    GPUs. Load and pause times are fixed (`RECONFIGURE_*`). One GPU type: the catalog's."""
+
+    def __init__(self, catalog: PlanCatalog, load_s: float = RECONFIGURE_LOAD_S,
+                 pause_s: float = RECONFIGURE_PAUSE_S) -> None:
+        self.catalog = catalog
+        self.env = catalog.env
+        self.gpu_types: tuple[str, ...] = (catalog.gpu_type,)
+        self._load_s, self._pause_s = load_s, pause_s
+        self._best: dict[tuple[str, tuple[int, ...]], float] = {}
+
+    def models(self, gpu_type: str, gpus: int = 1) -> tuple[str, ...]:
+        return tuple(sorted(self.catalog.profiles))
+
+    def profile(self, model: str) -> PlanProfile:
+        return self.catalog.profile(model)
+
+    def iteration_time(self, model: str, gpu_type: str, placement: tuple[int, ...], per_gpu_batch: int,
+                       accumulation: int = 1) -> float:
+        """Seconds per step on the best feasible plan for these GPUs (an estimate for jobs without a plan)."""
+        key = (model, tuple(sorted(placement, reverse=True)))
+        if key not in self._best:
+            best = best_plan(self.catalog.profile(model), Resources(key[1]), self.env)
+            if best is None:
+                raise UnknownProfile(f"no plan of {model} fits GPU memory on {sum(placement)} GPU(s)", ())
+            self._best[key] = best[1]
+        return self._best[key]
+
+    def plan_iteration_time(self, model: str, exec_config, placement: tuple[int, ...]) -> float:
+        """Seconds per step of `exec_config.plan` on `placement` with its CPUs per GPU (4 when not set)."""
+        plan = ExecutionPlan.parse(exec_config.plan)
+        cpus = exec_config.cpus_per_gpu or DEFAULT_CPUS_PER_GPU
+        return iteration_time(self.catalog.profile(model), plan, Resources(tuple(placement), float(cpus)), self.env)
+
+    def load_time(self, model: str) -> float:
+        return self._load_s
+
+    def pause_time(self, model: str) -> float:
+        return self._pause_s
+
+    def gpu_memory_mb(self, gpu_type: str) -> int:
+        return int(self.env.gpu_memory_gb * 1024)
+
+
+DEFAULT_CPUS_PER_GPU = 4  # what the Morphling measurements used (profiles/README.md)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from meshsched.policies.placement import Planner
-from meshsched.state import CalibrationMemo, ClusterState, ExecConfig, Job, JobState
+from meshsched.state import CalibrationMemo, ClusterState, ExecConfig, Job, JobState, Node
 
 
 class Trigger(enum.Enum):
@@ -185,6 +185,13 @@ class ClusterView:
                     node = gpus[g].node
                     out[node] = out.get(node, 0) + 1
         return out
+
+    def nodes(self) -> list[Node]:
+        """The live nodes (GPUs, CPUs and host memory of each)."""
+        return [n for n in self._state.nodes.values() if n.alive]
+
+    def gpu_is_free(self, gpu: int) -> bool:
+        return not self._state.gpus[gpu].jobs
 
     def node_of(self, gpu: int) -> str:
         return self._state.gpus[gpu].node

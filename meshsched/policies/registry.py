@@ -39,6 +39,7 @@ class Entry:
     doc: str
     params: tuple[Param, ...] = ()
     needs_models: bool = False
+    plan_models: bool = False  # allocates with the execution-plan model (replays plan-profile workloads)
 
 
 _INTERVAL = Param("interval", float, "seconds between activations (also written NAME@SECONDS)")
@@ -91,7 +92,58 @@ def _lazer(args: dict, h: PolicyHandle):
     return Lazer(h.perf, cfg, spare_loading=args.get("loading", "preempt") == "spare")
 
 
+def _plan_perf(h: PolicyHandle):
+    """The plan model the allocator predicts with: the handle's when it is one, else the installed A800 plans."""
+    from meshsched.perf.plans import PlanPerfModel
+
+    if isinstance(h.perf, PlanPerfModel):
+        return h.perf
+    from meshsched.perf.loader import load_plan_catalog
+
+    return PlanPerfModel(load_plan_catalog())
+
+
+def _quotas(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in filter(None, text.split("/")):
+        tenant, eq, gpus = part.partition("=")
+        if not eq or not tenant.strip() or not gpus.strip().isdigit():
+            raise UnknownPolicy(f"quotas are written TENANT=GPUS/TENANT=GPUS, got {text!r}")
+        out[tenant.strip()] = int(gpus)
+    return out
+
+
+def _rubick(args: dict, h: PolicyHandle):
+    from meshsched.policies.rubick import VARIANTS, Rubick
+
+    variant = args.get("variant", "full")
+    name = "rubick" if variant == "full" else f"rubick-{variant}"
+    return Rubick(_plan_perf(h), VARIANTS[variant], _quotas(args.get("quotas", "")), name)
+
+
+def _plan_baseline(knobs_name: str):
+    def build(args: dict, h: PolicyHandle):
+        from meshsched.policies import rubick_baselines
+        from meshsched.policies.rubick import Rubick
+
+        return Rubick(_plan_perf(h), getattr(rubick_baselines, knobs_name.upper()), {}, f"{knobs_name}-like")
+    return build
+
+
 POLICIES: dict[str, Entry] = {
+    "rubick": Entry("placement", _rubick,
+                    "Rubick: allocates GPUs, CPUs and memory by resource-sensitivity slope and picks each job's "
+                    "execution plan (Alg. 1); guaranteed jobs keep their asked performance within tenant quotas",
+                    (Param("variant", str, "full (default), e (plans only), r (resources only), n (neither)",
+                           ("full", "e", "r", "n")),
+                     Param("quotas", str, "guaranteed GPUs per tenant, TENANT=GPUS/TENANT=GPUS (default: none)")),
+                    plan_models=True),
+    "sia": Entry("placement", _plan_baseline("sia"),
+                 "Sia-like: elastic GPUs along the data-parallel size of the asked plan, CPUs as asked (Rubick's "
+                 "baseline)", plan_models=True),
+    "synergy": Entry("placement", _plan_baseline("synergy"),
+                     "Synergy-like: asked GPUs and plan, CPUs and memory tuned to the plan, FIFO with backfill "
+                     "(Rubick's baseline)", plan_models=True),
     "fifo": Entry("placement", _queue("fifo", Fifo, strict=True),
                   "first come first served, head-of-line blocking, non-preemptive", (_INTERVAL,)),
     "sjf": Entry("placement", _queue("sjf", ShortestJob), "shortest expected duration first, backfills, non-preemptive",
@@ -177,6 +229,8 @@ def _parse_item(item: str) -> tuple[str, dict]:
             raise UnknownPolicy(f"policy {item!r}: {key} must be one of {', '.join(param.choices)}, got {value!r}")
         if param.kind in (int, float) and key != "interval" and not (v > 0 and math.isfinite(v)):
             raise UnknownPolicy(f"policy {item!r}: {key} must be a positive number, got {value!r}")
+        if key == "quotas":
+            _quotas(v)  # checked here, so that a bad value is one line at parse time
         if key in _CHOICES and v not in _CHOICES[key]:
             raise UnknownPolicy(f"policy {item!r}: {key} must be one of {', '.join(_CHOICES[key])}, got {value!r}")
         args[key] = v
@@ -238,6 +292,11 @@ def parse_policy(spec: str) -> dict[str, tuple[str, dict]]:
 def needs_models(spec: str) -> bool:
     """Whether a stack needs the interference predictor and the other models (the sharing policies do)."""
     return any(POLICIES[n].needs_models for n, _ in parse_policy(spec).values())
+
+
+def needs_plan_models(spec: str) -> bool:
+    """Whether a stack allocates with the execution-plan model (rubick, sia, synergy)."""
+    return any(POLICIES[n].plan_models for n, _ in parse_policy(spec).values())
 
 
 def _installed_handle() -> PolicyHandle:

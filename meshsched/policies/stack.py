@@ -54,6 +54,11 @@ class PolicyStack:
             out = list(out) + list(self.plan.replan(view, now))
         return out
 
+    def admission_error(self, view: ClusterView, spec) -> str | None:
+        """Why the placement layer could never run `spec` (one line), or None (a layer without the check: None)."""
+        check = getattr(self.placement, "admission_error", None)
+        return None if check is None else check(view, spec)
+
     def calibrate(self, view: ClusterView, job: Job, now: float) -> list[Reconfigure]:
         return [] if self.calibration is None else self.calibration.calibrate(view, job, now)
 

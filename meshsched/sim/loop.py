@@ -16,13 +16,16 @@ from meshsched.state import JobSpec, NodeSpec
 
 @dataclass(frozen=True, slots=True)
 class ClusterSpec:
-    """`nodes` servers of `gpus_per_node` GPUs of one type; `extra` adds groups of other types (a mixed cluster)."""
+    """`nodes` servers of `gpus_per_node` GPUs of one type; `extra` adds groups of other types (a mixed cluster).
+    CPUs and host memory per server: None is `NodeSpec`'s default (the Rubick testbed's share per GPU)."""
 
     nodes: int
     gpus_per_node: int
     gpu_type: str
     gpu_memory_mb: int
     extra: tuple[ClusterSpec, ...] = ()
+    cpus_per_node: int | None = None
+    memory_gb_per_node: float | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -30,7 +33,8 @@ class ClusterSpec:
 
     @property
     def groups(self) -> tuple[ClusterSpec, ...]:
-        return (ClusterSpec(self.nodes, self.gpus_per_node, self.gpu_type, self.gpu_memory_mb), *self.extra)
+        return (ClusterSpec(self.nodes, self.gpus_per_node, self.gpu_type, self.gpu_memory_mb, (),
+                            self.cpus_per_node, self.memory_gb_per_node), *self.extra)
 
     @property
     def total_gpus(self) -> int:
@@ -67,14 +71,15 @@ class ClusterSpec:
         if not self.extra:
             width = len(str(self.nodes - 1))
             return [
-                NodeSpec(f"node{i:0{width}d}", self.gpus_per_node, self.gpu_type, self.gpu_memory_mb)
+                NodeSpec(f"node{i:0{width}d}", self.gpus_per_node, self.gpu_type, self.gpu_memory_mb,
+                         cpus=self.cpus_per_node, memory_gb=self.memory_gb_per_node)
                 for i in range(self.nodes)
             ]
         out = []
         for g in self.groups:
             width = len(str(g.nodes - 1))
-            out += [NodeSpec(f"{g.gpu_type}-{i:0{width}d}", g.gpus_per_node, g.gpu_type, g.gpu_memory_mb)
-                    for i in range(g.nodes)]
+            out += [NodeSpec(f"{g.gpu_type}-{i:0{width}d}", g.gpus_per_node, g.gpu_type, g.gpu_memory_mb,
+                             cpus=g.cpus_per_node, memory_gb=g.memory_gb_per_node) for i in range(g.nodes)]
         return out
 
 

@@ -19,7 +19,8 @@ rank's step is `worker_step_s` under its share, its samples and its GPU partner'
 job); at 100% with even samples this is the uncalibrated solo x xi. A Reconfigure that changes only the MPS
 share (LGRR) costs LGRR_SWITCH_S = 3.6 s without progress (Gimbal's measured switch with a CUDA context pool;
 meshd has no pool and pays a checkpoint-restart instead); one that changes only samples (LISS), micro-batch or
-accumulation is free; a plan or memory-limit change costs the pause plus load time. The partners of a job
+accumulation is free; a plan or memory-limit change costs the pause plus load time. A job under an execution
+plan (Rubick: `ExecConfig.plan`) steps at the plan model's iteration time for its plan, GPUs and CPUs. The partners of a job
 whose calibration changed are re-rated at once.
 """
 
@@ -134,6 +135,8 @@ class SimWorld:
         self._specs[spec.job_id] = spec
 
     def _solo(self, run: _Run) -> float:
+        if run.exec is not None and run.exec.plan is not None:  # an execution plan (Rubick): the plan model
+            return self._perf.plan_iteration_time(run.spec.model, run.exec, self._shape(run.gpus))
         return self._perf.iteration_time(
             run.spec.model, self._gpu_type[run.gpus[0]], self._shape(run.gpus), run.micro_batch * run.accumulation,
             run.accumulation,
@@ -185,7 +188,7 @@ class SimWorld:
         run.solo_step = self._solo(run)
         delay = 0.0
         if a.restart:
-            only_mps = old is not None and (old.memory_limit_mb, old.plan) == (a.exec.memory_limit_mb, a.exec.plan)
+            only_mps = old is not None and _restart_key(old) == _restart_key(a.exec)
             delay = LGRR_SWITCH_S if only_mps else self._perf.pause_time(run.spec.model) + self._perf.load_time(run.spec.model)
         if old is not None and old.mps_percentage != a.exec.mps_percentage:
             self.lgrr_switches += 1
@@ -205,8 +208,9 @@ class SimWorld:
         self.push(now, ev.ModelFitted(f"fitted-{self._fit_count}", a.fit(a.request)))
 
     def _check_exec(self, x: ExecConfig, ranks: int) -> None:
-        if x.plan is not None:
-            raise NotImplementedError(f"the simulator has no model yet for execution plans (asked for {x})")
+        if x.plan is not None and not hasattr(self._perf, "plan_iteration_time"):
+            raise RuntimeError(f"a job trains under execution plan {x.plan} but the simulator's performance model "
+                               "has no plan model (simulate with meshsched.perf.plans.PlanPerfModel)")
         x.samples(ranks)  # local_batches must name every rank
         if is_calibrated(x) and self._mps_share is None:
             raise RuntimeError("a job trains under an MPS share or uneven samples but the simulator was given no "
@@ -346,6 +350,11 @@ class SimWorld:
 
     def _shape(self, gpus: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(sorted(Counter(self._gpu_node[g] for g in gpus).values(), reverse=True))
+
+
+def _restart_key(x: ExecConfig) -> tuple:
+    """What a restart changes besides the MPS share (an LGRR switch changes only that)."""
+    return x.memory_limit_mb, x.plan, x.gpus, x.cpus_per_gpu, x.memory_gb_per_gpu
 
 
 # Delivery order within one step under time-stepped rules (the rest: 0, first)
