@@ -126,11 +126,12 @@ def test_a_deferral_avoids_the_futile_preemption_of_eq_2():
     # j3 started before j2 once j1's GPUs came free
     assert jobs["j3"].acct.first_start == pytest.approx(100.0 + x + PAUSE)
     assert jobs["j2"].acct.first_start > jobs["j3"].acct.first_start
-    # F measured when j3 arrived 8 s after the decision (within p + l = 15 s): F = 8, f = |X - 8|
+    # j3 arrived 8 s after the decision, in j2's load window (5, 15]: deferring by F = 8 - 5 = 3 would have let it
+    # come while j1 paused, before j2 loaded; f = |X - 3|
     mem = lazer.memory
     assert isinstance(mem, LazerMemory) and not mem.pending and not mem.deferrals
     (obs,) = mem.optimizer.observations
-    assert obs.x == pytest.approx(x) and obs.f == pytest.approx(abs(x - d))
+    assert obs.x == pytest.approx(x) and obs.f == pytest.approx(abs(x - (d - PAUSE)))
     assert (obs.context.load_s, obs.context.max_pause_s) == (LOAD, PAUSE)
 
 
@@ -140,6 +141,26 @@ def test_f_is_zero_when_no_shorter_job_comes_within_pause_plus_load():
     engine = _run(_three_jobs(40.0), f"lazer:seed={seed}").engine
     (obs,) = engine.memory.optimizer.observations
     assert obs.f == pytest.approx(x)  # |X - 0|
+
+
+def test_f_is_zero_when_the_shorter_job_comes_during_the_pause():
+    """Eq. 2's p < ΔA: j3 arrives 3 s after the decision, while j1 pauses (5 s): SRTF loads j3, not j2 (nothing
+    futile), so F = 0 and f = X. Before the fix F was 3."""
+    assert sum(j.acct.futile_preemptions for j in _run(_three_jobs(3.0), "srtf").engine.state.jobs.values()) == 0
+    seed, x = _seed_with_first_x(20.0, 90.0)
+    (obs,) = _run(_three_jobs(3.0), f"lazer:seed={seed}").engine.memory.optimizer.observations
+    assert obs.f == pytest.approx(x)
+
+
+def test_f_moves_past_every_shorter_arrival_in_the_shifted_load_window():
+    """j3 (100 s) at 108 and j4 (50 s) at 114: deferring j2 by 3 (past j3) puts j2's load at (108, 118], on j4;
+    the smallest deferral that avoids both is 14 - 5 = 9 (j2 would load in (114, 124]). Before the fix F was 8."""
+    seed, x = _seed_with_first_x(30.0, 90.0)
+    jobs = [*_three_jobs(8.0), _spec("j4", 4, 50, 114.0)]
+    engine = _run(jobs, f"lazer:seed={seed}").engine
+    assert sum(j.acct.futile_preemptions for j in engine.state.jobs.values()) == 0
+    (obs,) = engine.memory.optimizer.observations
+    assert obs.f == pytest.approx(abs(x - 9.0))
 
 
 def test_an_immediate_x_preempts_at_once_like_srtf():

@@ -12,9 +12,10 @@ orchestrator runs again for j_new (J_r2, no second deferral): preempt, or back t
 On a release (completion, a finished pause; lines 11-17) queued jobs start in SRTF order on what came free;
 nothing is preempted. A deferred job starts too if GPUs come free for it (its deferral is then moot).
 
-F measurements (Eq. 2, `lazer_opt.ideal_deferral`): every prediction at t0 is pending until either a job with a
-shorter remaining time arrives within the pause + load window (F = its delay) or the window has passed (F = 0),
-observed at the first pass that knows it; then |X - F| goes to the optimiser.
+F measurements (Eq. 2, `lazer_opt.ideal_deferral`): every prediction at t0 is pending with a candidate F (first 0):
+a job with a shorter remaining time than j_new arriving D after t0 inside the candidate's load window
+(F + p, F + p + l] pushes it to D - p; F is known, and |X - F| goes to the optimiser, at the first pass after that
+window has passed with no such arrival, or once the candidate passes the upper bound h (F = h).
 
 Memory: DWQ/DRQ, the pending measurements, the arrivals of the past hour and the optimiser's observations are
 one frozen `LazerMemory`, engine state (`Remember`), so a new policy object (a restart, a new leader) carries on
@@ -29,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from meshsched.policies.base import ClusterView, Cycle, Decision, Defer, Evict, Remember, RequestFit, Start, Trigger, Wait
 from meshsched.policies.lazer_opt import (
-    DeferralContext, DeferralOptimizer, OptimizerConfig, OptimizerState, fit_model, ideal_deferral, mean_interarrival,
+    DeferralContext, DeferralOptimizer, OptimizerConfig, OptimizerState, fit_model, ideal_step, mean_interarrival,
     objective,
 )
 from meshsched.policies.queue import QueueScheduler, ShortestRemaining
@@ -56,10 +57,12 @@ class PendingMeasure:
     remaining_s: float  # j_new's remaining time at `at`: a shorter newcomer makes its load futile
     context: DeferralContext
     x: float
+    candidate: float = 0.0  # the smallest deferral that avoided every shorter arrival so far (`ideal_step`)
 
     @property
-    def window_s(self) -> float:
-        return self.context.max_pause_s + self.context.load_s
+    def window_end(self) -> float:
+        """When the candidate's load window ends (after it, F = candidate)."""
+        return self.at + self.candidate + self.context.max_pause_s + self.context.load_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +115,8 @@ class Lazer:
         arrived = view.job(cycle.arrived) if cycle.arrived is not None else None
         if arrived is not None:
             mem = replace(mem, arrivals=tuple(t for t in mem.arrivals if t > now - HOUR_S) + (now,))
-        pending, observed = self._measure(mem.pending, arrived, now)
-        if observed:
+        pending, changed = self._measure(mem.pending, arrived, now)
+        if changed:
             mem = replace(mem, pending=pending)
         # deferrals that ran out (or whose job started or left): their victims go back to RQ
         live = tuple(d for d in mem.deferrals if d.until > now and view.job(d.job_id).state.is_queued)
@@ -214,20 +217,25 @@ class Lazer:
 
     def _measure(self, pending: tuple[PendingMeasure, ...], arrived: Job | None, now: float
                  ) -> tuple[tuple[PendingMeasure, ...], bool]:
-        keep, observed = [], False
+        keep, changed = [], False
         shorter = arrived.remaining_time(now) if arrived is not None else math.inf
+        high = self.config.high_s
         for p in pending:
-            delay = now - p.at
-            if delay > p.window_s:
-                f = 0.0  # nobody shorter came while j_new would pause its victims and load: no futile load
+            if now > p.window_end:
+                f = p.candidate  # no shorter job came while j_new would have paused its victims and loaded
             elif shorter < p.remaining_s and arrived.job_id != p.job_id:
-                f = ideal_deferral(delay, p.context.max_pause_s, p.context.load_s, self.config.high_s)
+                c = ideal_step(p.candidate, now - p.at, p.context.max_pause_s, p.context.load_s)
+                if c <= high:
+                    keep.append(replace(p, candidate=c) if c != p.candidate else p)
+                    changed = changed or c != p.candidate
+                    continue
+                f = high  # no deferral within [0, h] avoids the arrivals: h is the closest
             else:
                 keep.append(p)
                 continue
             self._opt.observe(p.context, p.x, objective(p.x, f))
-            observed = True
-        return (tuple(keep) if observed else pending), observed
+            changed = True
+        return (tuple(keep) if changed else pending), changed
 
     # ------------------------------------------------------------------ memory
 
