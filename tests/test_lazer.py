@@ -290,40 +290,6 @@ _SDK_JOB = (
 
 
 @pytest.mark.slow
-async def test_meshd_defers_a_real_preemption_then_preempts(dirs):
-    """meshd --policy lazer with fake GPUs: a short job's preemption of a long one is deferred by X (the job
-    pends with reason Deferred and the long one keeps running), then the timer fires and it is preempted."""
-    from meshsched.daemon.node import NodeDaemon
-    from meshsched.protocol import SubmitRequest
-    from tests.test_daemon_helpers import kill_sessions, make_config, py, wait_for
-
-    seed, x = _seed_with_first_x(1.5, 4.0, xmax=4.0)
-    d = NodeDaemon(make_config(*dirs, policy=f"lazer:xmax=4:seed={seed}"))
-    await d.start()
-    try:
-        long = d.submit(SubmitRequest(command=py(_SDK_JOB), cwd="/tmp", gpus=4, iterations=1000), "tester")
-        log = d.config.jobs_dir / long.job_id / "logs" / "rank0.log"
-        await wait_for(lambda: log.exists() and "ready" in log.read_text(), what="long job ready")
-        short = d.submit(SubmitRequest(command=py("pass"), cwd="/tmp", gpus=2, iterations=1), "tester")
-        assert d.records[long.job_id].state == "RUNNING"  # not told to checkpoint yet
-        assert d.records[short.job_id].state == "PENDING"
-        assert d.records[short.job_id].reason.startswith(f"Deferred (lazer: preempting {long.job_id} in ")
-        assert d.engine.state.jobs[short.job_id].deferred_until is not None
-        await wait_for(lambda: d.records[long.job_id].state != "RUNNING", timeout=x + 10, what="the deferred preemption")
-        await wait_for(lambda: d.records[short.job_id].state == "COMPLETED", what="short job done")
-        await wait_for(lambda: d.records[long.job_id].state == "COMPLETED", what="long job resumed and done")
-        hist = [s for _, s, _ in d.journal.history(long.job_id)]
-        assert hist[:5] == ["PENDING", "LOADING", "RUNNING", "PAUSING", "PREEMPTED"]
-        evict = [e for e in d.engine.explain(long.job_id) if "preempted for" in e.message]
-        defer = [e for e in d.engine.explain(short.job_id) if e.message.startswith("deferred")]
-        assert len(evict) == 1 and len(defer) == 1 and evict[0].time - defer[0].time >= x - 0.05
-    finally:
-        pids = [r.supervisor_pid for r in d.records.values()]
-        await d.close()
-        kill_sessions(pids)
-
-
-@pytest.mark.slow
 async def test_meshd_fits_in_another_process_while_the_loop_answers(dirs):
     """A FitModel runs the real GP fit in a worker process: meshd's API answers while it runs, and the model
     comes back as ModelFitted."""
@@ -351,3 +317,44 @@ async def test_meshd_fits_in_another_process_while_the_loop_answers(dirs):
         assert any("model fitted (FittedModel)" in e.message for e in d.engine.log)
     finally:
         await d.close()
+
+
+@pytest.mark.slow
+def test_a_real_meshd_process_defers_a_preemption_then_preempts(tmp_path):
+    """`meshd --policy lazer` as a process on fake GPUs, through its HTTP API: the short job pends with reason
+    Deferred (saying whom it will preempt) while the long one keeps running; the long one is told to checkpoint
+    only when the deferral ends, then both complete."""
+    from tests.test_daemon_helpers import kill_sessions, poll, py, remove, short_dir, start_meshd
+
+    seed, x = _seed_with_first_x(2.0, 4.0, xmax=4.0)
+    runtime = short_dir()
+    proc, client = start_meshd(tmp_path / "state", runtime, "--fake-gpus", "4", "--policy", f"lazer:xmax=4:seed={seed}",
+                               "--kill-grace", "1", "--node-name", "e2e")
+
+    def job(job_id: str) -> dict:
+        return client.call("GET", f"/v1/jobs/{job_id}")
+
+    try:
+        long = client.call("POST", "/v1/jobs", {"command": py(_SDK_JOB), "cwd": "/tmp", "gpus": 4,
+                                                "iterations": 1000})["job_id"]
+        log = tmp_path / "state" / "jobs" / long / "logs" / "rank0.log"
+        poll(lambda: log.exists() and "ready" in log.read_text(), timeout=60, what="long job ready")
+        short = client.call("POST", "/v1/jobs", {"command": py("pass"), "cwd": "/tmp", "gpus": 2,
+                                                 "iterations": 1})["job_id"]
+        info = job(short)
+        assert info["state"] == "PENDING"
+        assert info["reason"].startswith(f"Deferred (lazer: preempting {long} in "), info["reason"]
+        assert job(long)["state"] == "RUNNING"  # not told to checkpoint yet
+        poll(lambda: job(short)["state"] == "COMPLETED", timeout=60, what="short job done")
+        poll(lambda: job(long)["state"] == "COMPLETED", timeout=60, what="long job resumed and done")
+        states = [h[1] for h in job(long)["history"]]
+        assert states[:5] == ["PENDING", "LOADING", "RUNNING", "PAUSING", "PREEMPTED"]
+        evict = [e for e in client.call("GET", f"/v1/jobs/{long}/explain") if "preempted for" in e["message"]]
+        defer = [e for e in client.call("GET", f"/v1/jobs/{short}/explain") if e["message"].startswith("deferred")]
+        assert len(evict) == 1 and len(defer) == 1 and evict[0]["time"] - defer[0]["time"] >= x - 0.05
+    finally:
+        pids = [j["supervisor_pid"] for j in client.call("GET", "/v1/jobs?all=1")]
+        proc.terminate()
+        proc.wait(10)
+        kill_sessions(pids)
+        remove(runtime)
