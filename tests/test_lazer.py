@@ -358,3 +358,27 @@ def test_a_real_meshd_process_defers_a_preemption_then_preempts(tmp_path):
         proc.wait(10)
         kill_sessions(pids)
         remove(runtime)
+
+
+def test_a_restart_in_the_exploitation_stage_refits_the_frozen_model():
+    """Fresh policy objects (a meshd restart, a new leader) over memory in the exploitation stage: the GP that
+    was frozen is asked for again (a FitModel of the same observations) and X comes from it once it is back.
+    Before the fix the restored optimiser never asked (no fits in exploitation) and drew Latin-hypercube X for
+    good."""
+    from meshsched.policies.lazer_opt import DeferralContext, Observation, OptimizerState, Stage
+
+    perf = LinearPerf(LOAD, PAUSE)
+    engine = Engine(make_policy("lazer:seed=1", PolicyHandle(perf=perf)), ProfileEstimator(perf))
+    engine.handle(ev.NodeJoined("join", NodeSpec("n0", 4, "fake", 16384)), 0.0)
+    obs = tuple(Observation(DeferralContext(30.0 + i, 600.0 * (i + 1), 10.0, 5.0), 10.0 * i, abs(10.0 * i - 40.0))
+                for i in range(12))
+    engine.memory = LazerMemory(OptimizerState(obs, 10, 10, exploiting=True))
+    fits = [a for a in engine.handle(ev.JobSubmitted("s-a", _spec("a", 4, 8000)), 0.0) if isinstance(a, FitModel)]
+    assert len(fits) == 1 and fits[0].request.observations == obs[:10]  # the frozen model's observations
+    assert not any(isinstance(a, FitModel) for a in engine.handle(ev.JobSubmitted("s-b", _spec("b", 4, 1000)), 1.0))
+    engine.handle(ev.ModelFitted("fitted", fits[0].fit(fits[0].request)), 2.0)
+    engine.handle(ev.JobSubmitted("s-c", _spec("c", 4, 500)), 3.0)
+    lazer = engine.policy.preemption
+    assert lazer._opt.stage is Stage.EXPLOITATION and lazer._opt.fitted.n_observations == 10
+    assert engine.memory.optimizer.fitted_observations == 10 and engine.memory.optimizer.exploiting
+    assert not any(isinstance(a, FitModel) for a in engine.handle(ev.JobSubmitted("s-d", _spec("d", 4, 400)), 4.0))

@@ -135,8 +135,7 @@ class Lazer:
             mem = self._consider(view, cycle, placement, arrived, mem, evicted, out, may_defer=True)
         if mem is not before:
             out.append(Remember(replace(mem, optimizer=self._state())))
-        if self._opt.needs_fit() and len(self._opt.observations) > self._asked:
-            request = self._opt.fit_request()
+        if self._opt.needs_fit() and len((request := self._opt.fit_request()).observations) > self._asked:
             self._asked = len(request.observations)
             out.append(RequestFit(fit_model, request))
         return out
@@ -244,7 +243,7 @@ class Lazer:
         state = mem.optimizer if mem is not None else None
         if state is not self._synced:  # written by another policy object (restart, new leader): carry on from it
             self._opt = (DeferralOptimizer(self.config) if state is None
-                         else DeferralOptimizer.restore(self.config, replace(state, fitted_observations=0)))
+                         else DeferralOptimizer.restore(self.config, state, fit=False))
             self._synced, self._model, self._asked = state, None, 0
         model = view.model
         if model is not None and model is not self._model:

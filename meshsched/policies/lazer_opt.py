@@ -326,22 +326,29 @@ class DeferralOptimizer:
         self._fitted: FittedModel | None = None
         self._bootstrap_issued = 0
         self._exploiting = False
+        self._refit_on = 0  # restored without its model: how many observations that model had
 
     def state(self) -> OptimizerState:
         fitted = self._fitted
         return OptimizerState(
-            tuple(self._observations), 0 if fitted is None else fitted.n_observations, self._bootstrap_issued, self._exploiting
+            tuple(self._observations), self._refit_on if fitted is None else fitted.n_observations,
+            self._bootstrap_issued, self._exploiting
         )
 
     @classmethod
-    def restore(cls, config: OptimizerConfig, state: OptimizerState) -> DeferralOptimizer:
-        """The optimiser `state` was taken from (same config), its model refitted here (synchronously)."""
+    def restore(cls, config: OptimizerConfig, state: OptimizerState, fit: bool = True) -> DeferralOptimizer:
+        """The optimiser `state` was taken from (same config), its model refitted here (synchronously); with
+        `fit=False` without a model: `needs_fit` then asks for that model (a fit of the same observations, also
+        in the exploitation stage, whose model is frozen) and X comes from the Latin hypercube until it is
+        installed."""
         opt = cls(config)
         opt._observations = list(state.observations)
         opt._bootstrap_issued = state.bootstrap_issued
         opt._exploiting = state.exploiting
-        if state.fitted_observations:
+        if state.fitted_observations and fit:
             opt._fitted = fit_model(FitRequest(config, state.observations[: state.fitted_observations]))
+        elif state.fitted_observations:
+            opt._refit_on = state.fitted_observations
         return opt
 
     @property
@@ -388,16 +395,20 @@ class DeferralOptimizer:
         return True
 
     def needs_fit(self) -> bool:
-        """True when a (re)fit is due: M observations for the first, then `refit_every` new ones."""
-        if self._exploiting:
-            return False
+        """True when a (re)fit is due: M observations for the first (or the model a restore left out), then
+        `refit_every` new ones until the exploitation stage."""
         n = len(self._observations)
         if self._fitted is None:
             return n >= self.config.bootstrap
+        if self._exploiting:
+            return False
         return n - self._fitted.n_observations >= self.config.refit_every
 
     def fit_request(self) -> FitRequest:
-        return FitRequest(self.config, tuple(self._observations))
+        obs = self._observations
+        if self._fitted is None and self._refit_on:
+            obs = obs[: self._refit_on]  # the model the state had, first
+        return FitRequest(self.config, tuple(obs))
 
     def fit(self) -> FittedModel:
         """`fit_model(self.fit_request())`, synchronously."""
