@@ -382,3 +382,37 @@ def test_a_restart_in_the_exploitation_stage_refits_the_frozen_model():
     assert lazer._opt.stage is Stage.EXPLOITATION and lazer._opt.fitted.n_observations == 10
     assert engine.memory.optimizer.fitted_observations == 10 and engine.memory.optimizer.exploiting
     assert not any(isinstance(a, FitModel) for a in engine.handle(ev.JobSubmitted("s-d", _spec("d", 4, 400)), 4.0))
+
+
+@pytest.mark.slow
+def test_the_memory_goes_through_the_journal_and_back(tmp_path):
+    """Lazer's memory in mid-replay (deferrals, pending F measurements, observations) encoded, written to meshd's
+    journal, read back after the journal is closed and reopened, and decoded by fresh policy objects: an equal
+    value, so they carry on from it (test_the_memory_survives_new_policy_objects), and its deferrals' ends are
+    timers again (a restarted engine has none armed)."""
+    from meshsched.daemon.journal import Journal
+
+    perf, jobs = _philly(60)
+    spec = "lazer:seed=2:refit=1000"
+    seen: list = []
+
+    def after(engine):
+        mem = engine.memory
+        if seen or mem is None or not (mem.deferrals and mem.pending and mem.optimizer.observations):
+            return
+        journal = Journal(tmp_path / "journal.db")
+        with journal.batch():
+            journal.put_memory(engine.policy.preemption.encode_memory(mem))
+        journal.close()
+        journal = Journal(tmp_path / "journal.db")
+        fresh = make_policy(spec, PolicyHandle(perf=perf)).preemption
+        back = fresh.decode_memory(journal.load_memory())
+        journal.close()
+        first = min(d.until for d in mem.deferrals)
+        engine.memory = back
+        seen.append((back == mem, fresh.next_timer(engine.view(), first - 1.0), first))
+
+    simulate(jobs, make_policy(spec, PolicyHandle(perf=perf)), perf,
+             ClusterSpec(2, 8, "v100", perf.gpu_memory_mb("v100")), after_event=after)
+    (equal, timer, first), = seen
+    assert equal and timer == first

@@ -20,18 +20,21 @@ window has passed with no such arrival, or once the candidate passes the upper b
 Memory: DWQ/DRQ, the pending measurements, the arrivals of the past hour and the optimiser's observations are
 one frozen `LazerMemory`, engine state (`Remember`), so a new policy object (a restart, a new leader) carries on
 from it. The policy keeps a working copy of the optimiser (rebuilt from the memory whenever it is not the one
-it wrote) and asks for GP fits with `RequestFit`; the fitted model comes back as `view.model`.
+it wrote) and asks for GP fits with `RequestFit`; the fitted model comes back as `view.model`. For a journal
+the memory is JSON text (`encode_memory` / `decode_memory`); restored, the model is fitted again and the
+deferrals' ends come back as timers (`next_timer`).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from meshsched.policies.base import ClusterView, Cycle, Decision, Defer, Evict, Remember, RequestFit, Start, Trigger, Wait
 from meshsched.policies.lazer_opt import (
-    DeferralContext, DeferralOptimizer, OptimizerConfig, OptimizerState, fit_model, ideal_step, mean_interarrival,
-    objective,
+    DeferralContext, DeferralOptimizer, Observation, OptimizerConfig, OptimizerState, fit_model, ideal_step,
+    mean_interarrival, objective,
 )
 from meshsched.policies.queue import QueueScheduler, ShortestRemaining
 from meshsched.state import Job, JobState
@@ -106,7 +109,30 @@ class Lazer:
         return self.order.priority(job, job.since)
 
     def next_timer(self, view: ClusterView, now: float) -> float | None:
-        return None  # event-driven; deferrals arm their own timers through the engine
+        """Event-driven: only the deferrals' ends (the engine arms those it was told of by `Defer`; this names
+        them again when the memory comes back without the engine's timers, as after a meshd restart)."""
+        mem = view.memory
+        if not isinstance(mem, LazerMemory):
+            return None
+        ends = [d.until for d in mem.deferrals if d.until > now and view.job(d.job_id).state.is_queued]
+        return min(ends) if ends else None
+
+    def encode_memory(self, memory: LazerMemory) -> str:
+        """The memory as JSON text, for a journal; `decode_memory` gives back an equal value."""
+        return json.dumps(asdict(memory), separators=(",", ":"))
+
+    def decode_memory(self, text: str) -> LazerMemory:
+        d = json.loads(text)
+        o = d["optimizer"]
+        state = OptimizerState(tuple(Observation(DeferralContext(**x["context"]), x["x"], x["f"]) for x in o["observations"]),
+                               o["fitted_observations"], o["bootstrap_issued"], o["exploiting"])
+        return LazerMemory(
+            state,
+            tuple(Deferral(x["job_id"], x["until"], tuple(x["victims"])) for x in d["deferrals"]),
+            tuple(PendingMeasure(x["at"], x["job_id"], x["remaining_s"], DeferralContext(**x["context"]), x["x"],
+                                 x["candidate"]) for x in d["pending"]),
+            tuple(d["arrivals"]),
+        )
 
     def schedule(self, view: ClusterView, cycle: Cycle, placement) -> list[Decision]:
         now = cycle.now
