@@ -134,11 +134,13 @@ def table(docs: list[dict]) -> str:
     lines = [head, "|---" * 15 + "|"]
     for d in docs:
         a, p, c = d["pass_arrival_ms"], d["pass_decision_ms"], d["pass_decision_cpu_ms"]
-        split = " / ".join(f"{d[f'futile_{k}']['gpu_h']:.2f} ({d[f'futile_{k}']['count']})" for k in ("chain", "completion", "free"))
+        split = " / ".join(f"{d[f'futile_{k}']['gpu_h']:.2f} ({d[f'futile_{k}']['count']})"
+                           for k in ("chain", "completion", "free"))
         lines.append(
             f"| {d['regime']} | {d['policy']} | {d['jct_mean_h']:.3f} | {d['jct_p50_h']:.3f} | {d['jct_p95_h']:.2f} "
-            f"| {d['wait_mean_h']:.3f} | {d['preemptions']} | {d['futile_preemptions']} | {d['futile_gpu_h']:.2f} | {split} "
-            f"| {p['p50']:.2f} / {p['p99']:.2f} / {p['mean']:.2f} ({p['count']}) | {c['mean']:.2f} | {a['p50']:.2f} / {a['p99']:.2f} / {a['mean']:.2f} "
+            f"| {d['wait_mean_h']:.3f} | {d['preemptions']} | {d['futile_preemptions']} | {d['futile_gpu_h']:.2f} "
+            f"| {split} | {p['p50']:.2f} / {p['p99']:.2f} / {p['mean']:.2f} ({p['count']}) | {c['mean']:.2f} "
+            f"| {a['p50']:.2f} / {a['p99']:.2f} / {a['mean']:.2f} "
             f"| {d['fits']} ({d['fit_seconds']}) | {d['sim_seconds']} |"
         )
     return "\n".join(lines)

@@ -96,12 +96,13 @@ def test_an_arrival_during_the_pause_wastes_no_load():
 
 def test_ideal_deferral_is_enough_for_every_shorter_arrival():
     """Deferring by X moves j_new's load window to (X + p, X + p + l]: F is the smallest X whose window holds
-    no shorter arrival. Before this fix F was the first arrival alone (20): deferring by 20 put the load on 30 and 60."""
+    no shorter arrival. Before this fix F was the first arrival alone (20): deferring by 20 put the load on 30
+    and 60."""
     p, l = 8.0, 30.0
     assert ideal_deferral([20.0, 30.0, 60.0], p, l) == 52.0  # 20 -> 12, 30 in (20, 50] -> 22, 60 in (30, 60] -> 52
     assert ideal_deferral([20.0, 60.0], p, l) == 12.0  # 60 comes after the window (20, 50] of X = 12
     assert ideal_deferral([60.0, 20.0], p, l) == 12.0  # order does not matter
-    assert ideal_deferral([20.0, 45.0, 70.0, 95.0, 120.0], p, l) == 100.0  # dense arrivals: no X in [0, 100] avoids them
+    assert ideal_deferral([20.0, 45.0, 70.0, 95.0, 120.0], p, l) == 100.0  # dense: no X in [0, 100] avoids them
     f = 0.0
     for d in (20.0, 30.0, 60.0):  # the incremental form the policy keeps per pending decision
         f = ideal_step(f, d, p, l)

@@ -124,8 +124,8 @@ class Lazer:
     def decode_memory(self, text: str) -> LazerMemory:
         d = json.loads(text)
         o = d["optimizer"]
-        state = OptimizerState(tuple(Observation(DeferralContext(**x["context"]), x["x"], x["f"]) for x in o["observations"]),
-                               o["fitted_observations"], o["bootstrap_issued"], o["exploiting"])
+        obs = tuple(Observation(DeferralContext(**x["context"]), x["x"], x["f"]) for x in o["observations"])
+        state = OptimizerState(obs, o["fitted_observations"], o["bootstrap_issued"], o["exploiting"])
         return LazerMemory(
             state,
             tuple(Deferral(x["job_id"], x["until"], tuple(x["victims"])) for x in d["deferrals"]),
