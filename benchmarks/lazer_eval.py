@@ -20,6 +20,8 @@ because jobs had been preempted for it (Lazer Eq. 2's j_k+1, the case Lazer's de
 it was started from the wait queue on GPUs a completion freed (or a pause that was not for it), `free` = at its
 arrival on free GPUs (read from the decisions: an Evict's reason names the job it was for). After the table, the
 issue's targets: Lazer's futile GPU time / SRTF's, its median JCT / SRTF's, its mean JCT / SJF's, per regime.
+`lazer-oracle` (not a policy: a bound) is Lazer whose X is, at every decision, the hindsight F of Eq. 4 computed
+from the trace's future arrivals: what a perfect deferral predictor would do with Lazer's objective.
 `lazer:loading=spare` is Lazer whose orchestrator never picks a job still loading (beyond the paper). GP fits are not in the pass: the simulator runs them as
 FitModel actions (meshd runs them in a worker process); their count and total seconds are reported apart.
 Timings on a shared 2-core machine are noisy. Not a test.
@@ -34,7 +36,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 BUSIEST = (729.865 * 3600, 740 * 3600)
-POLICIES = ("srtf", "srtf@60", "srtf@360", "sjf", "lazer", "lazer:loading=spare")
+POLICIES = ("srtf", "srtf@60", "srtf@360", "sjf", "lazer", "lazer:loading=spare", "lazer-oracle")
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -61,7 +63,10 @@ def run_one(task: tuple[str, str, int, int, str]) -> dict:
     opts = TraceOptions(gpu_type="v100", gpus_per_node=8, seed=1, first_n=None if window == "full" else n_jobs,
                         window=BUSIEST if window == "busiest" else None)
     jobs = load_trace("philly", perf, opts).jobs
-    stack = make_policy(policy, PolicyHandle(perf=perf, seed=1))
+    stack = make_policy("lazer" if policy == "lazer-oracle" else policy, PolicyHandle(perf=perf, seed=1))
+    clock = [0.0]  # the pass's time, for the oracle
+    if policy == "lazer-oracle":
+        stack.preemption._opt = HindsightDeferral(jobs, perf, clock)  # noqa: SLF001 (a bound, not a policy)
     passes: dict[str, list[float]] = {"decision": [], "decision_cpu": [], "arrival": [], "all": []}
     inner = stack.schedule
     origin: dict[str, str] = {}  # job -> how its current load began
@@ -69,6 +74,7 @@ def run_one(task: tuple[str, str, int, int, str]) -> dict:
     futile = {k: [0, 0.0] for k in ("chain", "completion", "free")}  # origin -> [count, GPU-hours]
 
     def timed(view, now, trigger):
+        clock[0] = now
         t, c = time.perf_counter(), time.process_time()
         out = inner(view, now, trigger)
         dt, dc = (time.perf_counter() - t) * 1e3, (time.process_time() - c) * 1e3
@@ -125,6 +131,49 @@ def run_one(task: tuple[str, str, int, int, str]) -> dict:
         doc["exploiting"] = mem.optimizer.exploiting
         doc["deferrals"] = sum(1 for e in r.engine.log if e.message.startswith("deferred"))
     return doc
+
+
+class HindsightDeferral:
+    """Stands in for Lazer's DeferralOptimizer: X = F of Eq. 4 in hindsight (lazer_opt.ideal_deferral over the
+    trace's later arrivals with a shorter remaining time than the newcomer); learns nothing, fits nothing."""
+
+    def __init__(self, jobs, perf, clock: list[float]) -> None:
+        import bisect
+
+        from meshsched.estimate import ProfileEstimator
+        from meshsched.perf.placement import ideal_placement
+        from meshsched.policies.lazer_opt import DeferralOptimizer
+
+        est = ProfileEstimator(perf)
+        arrivals = sorted((s.submit_time, s.iterations * est.step_time(s, "v100", ideal_placement(s.gpus, 8)))
+                          for s in jobs)
+        self._times = [t for t, _ in arrivals]
+        self._arrivals, self._clock, self._bisect = arrivals, clock, bisect.bisect_right
+        self._inner = DeferralOptimizer()  # only for state(): an empty optimiser
+
+    def decide(self, ctx):
+        from meshsched.policies.lazer_opt import HIGH_S, Stage, Suggestion, ideal_deferral
+
+        t0, horizon = self._clock[0], HIGH_S + ctx.max_pause_s + ctx.load_s
+        i, later = self._bisect(self._times, t0), []
+        while i < len(self._arrivals) and self._arrivals[i][0] - t0 <= horizon:
+            if self._arrivals[i][1] < ctx.remaining_s:
+                later.append(self._arrivals[i][0] - t0)
+            i += 1
+        return Suggestion(ideal_deferral(later, ctx.max_pause_s, ctx.load_s), Stage.BOOTSTRAP)
+
+    def observe(self, context, x: float, f: float) -> bool:
+        return False
+
+    def needs_fit(self) -> bool:
+        return False
+
+    def state(self):
+        return self._inner.state()
+
+    @property
+    def observations(self) -> tuple:
+        return ()
 
 
 def table(docs: list[dict]) -> str:
