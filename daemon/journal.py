@@ -165,6 +165,15 @@ class Journal:
             "INSERT INTO transitions (job_id, time, state, reason) VALUES (?, ?, ?, ?)", (job_id, time, state, reason)
         )
 
+    def put_memory(self, text: str) -> None:
+        """The preemption layer's memory (Engine.memory, as its policy encodes it: Lazer's deferral queues and
+        observations), written in the same transaction as the event that changed it."""
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('policy_memory', ?)", (text,))
+
+    def load_memory(self) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key='policy_memory'").fetchone()
+        return row[0] if row else None
+
     def load(self) -> list[JobRecord]:
         """All job records in submission order."""
         try:

@@ -126,11 +126,12 @@ def test_a_deferral_avoids_the_futile_preemption_of_eq_2():
     # j3 started before j2 once j1's GPUs came free
     assert jobs["j3"].acct.first_start == pytest.approx(100.0 + x + PAUSE)
     assert jobs["j2"].acct.first_start > jobs["j3"].acct.first_start
-    # F measured when j3 arrived 8 s after the decision (within p + l = 15 s): F = 8, f = |X - 8|
+    # j3 arrived 8 s after the decision, in j2's load window (5, 15]: deferring by F = 8 - 5 = 3 would have let it
+    # come while j1 paused, before j2 loaded; f = |X - 3|
     mem = lazer.memory
     assert isinstance(mem, LazerMemory) and not mem.pending and not mem.deferrals
     (obs,) = mem.optimizer.observations
-    assert obs.x == pytest.approx(x) and obs.f == pytest.approx(abs(x - d))
+    assert obs.x == pytest.approx(x) and obs.f == pytest.approx(abs(x - (d - PAUSE)))
     assert (obs.context.load_s, obs.context.max_pause_s) == (LOAD, PAUSE)
 
 
@@ -140,6 +141,26 @@ def test_f_is_zero_when_no_shorter_job_comes_within_pause_plus_load():
     engine = _run(_three_jobs(40.0), f"lazer:seed={seed}").engine
     (obs,) = engine.memory.optimizer.observations
     assert obs.f == pytest.approx(x)  # |X - 0|
+
+
+def test_f_is_zero_when_the_shorter_job_comes_during_the_pause():
+    """Eq. 2's p < ΔA: j3 arrives 3 s after the decision, while j1 pauses (5 s): SRTF loads j3, not j2 (nothing
+    futile), so F = 0 and f = X. Before the fix F was 3."""
+    assert sum(j.acct.futile_preemptions for j in _run(_three_jobs(3.0), "srtf").engine.state.jobs.values()) == 0
+    seed, x = _seed_with_first_x(20.0, 90.0)
+    (obs,) = _run(_three_jobs(3.0), f"lazer:seed={seed}").engine.memory.optimizer.observations
+    assert obs.f == pytest.approx(x)
+
+
+def test_f_moves_past_every_shorter_arrival_in_the_shifted_load_window():
+    """j3 (100 s) at 108 and j4 (50 s) at 114: deferring j2 by 3 (past j3) puts j2's load at (108, 118], on j4;
+    the smallest deferral that avoids both is 14 - 5 = 9 (j2 would load in (114, 124]). Before the fix F was 8."""
+    seed, x = _seed_with_first_x(30.0, 90.0)
+    jobs = [*_three_jobs(8.0), _spec("j4", 4, 50, 114.0)]
+    engine = _run(jobs, f"lazer:seed={seed}").engine
+    assert sum(j.acct.futile_preemptions for j in engine.state.jobs.values()) == 0
+    (obs,) = engine.memory.optimizer.observations
+    assert obs.f == pytest.approx(abs(x - 9.0))
 
 
 def test_an_immediate_x_preempts_at_once_like_srtf():
@@ -269,40 +290,6 @@ _SDK_JOB = (
 
 
 @pytest.mark.slow
-async def test_meshd_defers_a_real_preemption_then_preempts(dirs):
-    """meshd --policy lazer with fake GPUs: a short job's preemption of a long one is deferred by X (the job
-    pends with reason Deferred and the long one keeps running), then the timer fires and it is preempted."""
-    from meshsched.daemon.node import NodeDaemon
-    from meshsched.protocol import SubmitRequest
-    from tests.test_daemon_helpers import kill_sessions, make_config, py, wait_for
-
-    seed, x = _seed_with_first_x(1.5, 4.0, xmax=4.0)
-    d = NodeDaemon(make_config(*dirs, policy=f"lazer:xmax=4:seed={seed}"))
-    await d.start()
-    try:
-        long = d.submit(SubmitRequest(command=py(_SDK_JOB), cwd="/tmp", gpus=4, iterations=1000), "tester")
-        log = d.config.jobs_dir / long.job_id / "logs" / "rank0.log"
-        await wait_for(lambda: log.exists() and "ready" in log.read_text(), what="long job ready")
-        short = d.submit(SubmitRequest(command=py("pass"), cwd="/tmp", gpus=2, iterations=1), "tester")
-        assert d.records[long.job_id].state == "RUNNING"  # not told to checkpoint yet
-        assert d.records[short.job_id].state == "PENDING"
-        assert d.records[short.job_id].reason.startswith(f"Deferred (lazer: preempting {long.job_id} in ")
-        assert d.engine.state.jobs[short.job_id].deferred_until is not None
-        await wait_for(lambda: d.records[long.job_id].state != "RUNNING", timeout=x + 10, what="the deferred preemption")
-        await wait_for(lambda: d.records[short.job_id].state == "COMPLETED", what="short job done")
-        await wait_for(lambda: d.records[long.job_id].state == "COMPLETED", what="long job resumed and done")
-        hist = [s for _, s, _ in d.journal.history(long.job_id)]
-        assert hist[:5] == ["PENDING", "LOADING", "RUNNING", "PAUSING", "PREEMPTED"]
-        evict = [e for e in d.engine.explain(long.job_id) if "preempted for" in e.message]
-        defer = [e for e in d.engine.explain(short.job_id) if e.message.startswith("deferred")]
-        assert len(evict) == 1 and len(defer) == 1 and evict[0].time - defer[0].time >= x - 0.05
-    finally:
-        pids = [r.supervisor_pid for r in d.records.values()]
-        await d.close()
-        kill_sessions(pids)
-
-
-@pytest.mark.slow
 async def test_meshd_fits_in_another_process_while_the_loop_answers(dirs):
     """A FitModel runs the real GP fit in a worker process: meshd's API answers while it runs, and the model
     comes back as ModelFitted."""
@@ -330,3 +317,102 @@ async def test_meshd_fits_in_another_process_while_the_loop_answers(dirs):
         assert any("model fitted (FittedModel)" in e.message for e in d.engine.log)
     finally:
         await d.close()
+
+
+@pytest.mark.slow
+def test_a_real_meshd_process_defers_a_preemption_then_preempts(tmp_path):
+    """`meshd --policy lazer` as a process on fake GPUs, through its HTTP API: the short job pends with reason
+    Deferred (saying whom it will preempt) while the long one keeps running; the long one is told to checkpoint
+    only when the deferral ends, then both complete."""
+    from tests.test_daemon_helpers import kill_sessions, poll, py, remove, short_dir, start_meshd
+
+    seed, x = _seed_with_first_x(2.0, 4.0, xmax=4.0)
+    runtime = short_dir()
+    proc, client = start_meshd(tmp_path / "state", runtime, "--fake-gpus", "4", "--policy", f"lazer:xmax=4:seed={seed}",
+                               "--kill-grace", "1", "--node-name", "e2e")
+
+    def job(job_id: str) -> dict:
+        return client.call("GET", f"/v1/jobs/{job_id}")
+
+    try:
+        long = client.call("POST", "/v1/jobs", {"command": py(_SDK_JOB), "cwd": "/tmp", "gpus": 4,
+                                                "iterations": 1000})["job_id"]
+        log = tmp_path / "state" / "jobs" / long / "logs" / "rank0.log"
+        poll(lambda: log.exists() and "ready" in log.read_text(), timeout=60, what="long job ready")
+        short = client.call("POST", "/v1/jobs", {"command": py("pass"), "cwd": "/tmp", "gpus": 2,
+                                                 "iterations": 1})["job_id"]
+        info = job(short)
+        assert info["state"] == "PENDING"
+        assert info["reason"].startswith(f"Deferred (lazer: preempting {long} in "), info["reason"]
+        assert job(long)["state"] == "RUNNING"  # not told to checkpoint yet
+        poll(lambda: job(short)["state"] == "COMPLETED", timeout=60, what="short job done")
+        poll(lambda: job(long)["state"] == "COMPLETED", timeout=60, what="long job resumed and done")
+        states = [h[1] for h in job(long)["history"]]
+        assert states[:5] == ["PENDING", "LOADING", "RUNNING", "PAUSING", "PREEMPTED"]
+        evict = [e for e in client.call("GET", f"/v1/jobs/{long}/explain") if "preempted for" in e["message"]]
+        defer = [e for e in client.call("GET", f"/v1/jobs/{short}/explain") if e["message"].startswith("deferred")]
+        assert len(evict) == 1 and len(defer) == 1 and evict[0]["time"] - defer[0]["time"] >= x - 0.05
+    finally:
+        pids = [j["supervisor_pid"] for j in client.call("GET", "/v1/jobs?all=1")]
+        proc.terminate()
+        proc.wait(10)
+        kill_sessions(pids)
+        remove(runtime)
+
+
+def test_a_restart_in_the_exploitation_stage_refits_the_frozen_model():
+    """Fresh policy objects (a meshd restart, a new leader) over memory in the exploitation stage: the GP that
+    was frozen is asked for again (a FitModel of the same observations) and X comes from it once it is back.
+    Before the fix the restored optimiser never asked (no fits in exploitation) and drew Latin-hypercube X for
+    good."""
+    from meshsched.policies.lazer_opt import DeferralContext, Observation, OptimizerState, Stage
+
+    perf = LinearPerf(LOAD, PAUSE)
+    engine = Engine(make_policy("lazer:seed=1", PolicyHandle(perf=perf)), ProfileEstimator(perf))
+    engine.handle(ev.NodeJoined("join", NodeSpec("n0", 4, "fake", 16384)), 0.0)
+    obs = tuple(Observation(DeferralContext(30.0 + i, 600.0 * (i + 1), 10.0, 5.0), 10.0 * i, abs(10.0 * i - 40.0))
+                for i in range(12))
+    engine.memory = LazerMemory(OptimizerState(obs, 10, 10, exploiting=True))
+    fits = [a for a in engine.handle(ev.JobSubmitted("s-a", _spec("a", 4, 8000)), 0.0) if isinstance(a, FitModel)]
+    assert len(fits) == 1 and fits[0].request.observations == obs[:10]  # the frozen model's observations
+    assert not any(isinstance(a, FitModel) for a in engine.handle(ev.JobSubmitted("s-b", _spec("b", 4, 1000)), 1.0))
+    engine.handle(ev.ModelFitted("fitted", fits[0].fit(fits[0].request)), 2.0)
+    engine.handle(ev.JobSubmitted("s-c", _spec("c", 4, 500)), 3.0)
+    lazer = engine.policy.preemption
+    assert lazer._opt.stage is Stage.EXPLOITATION and lazer._opt.fitted.n_observations == 10
+    assert engine.memory.optimizer.fitted_observations == 10 and engine.memory.optimizer.exploiting
+    assert not any(isinstance(a, FitModel) for a in engine.handle(ev.JobSubmitted("s-d", _spec("d", 4, 400)), 4.0))
+
+
+@pytest.mark.slow
+def test_the_memory_goes_through_the_journal_and_back(tmp_path):
+    """Lazer's memory in mid-replay (deferrals, pending F measurements, observations) encoded, written to meshd's
+    journal, read back after the journal is closed and reopened, and decoded by fresh policy objects: an equal
+    value, so they carry on from it (test_the_memory_survives_new_policy_objects), and its deferrals' ends are
+    timers again (a restarted engine has none armed)."""
+    from meshsched.daemon.journal import Journal
+
+    perf, jobs = _philly(60)
+    spec = "lazer:seed=2:refit=1000"
+    seen: list = []
+
+    def after(engine):
+        mem = engine.memory
+        if seen or mem is None or not (mem.deferrals and mem.pending and mem.optimizer.observations):
+            return
+        journal = Journal(tmp_path / "journal.db")
+        with journal.batch():
+            journal.put_memory(engine.policy.preemption.encode_memory(mem))
+        journal.close()
+        journal = Journal(tmp_path / "journal.db")
+        fresh = make_policy(spec, PolicyHandle(perf=perf)).preemption
+        back = fresh.decode_memory(journal.load_memory())
+        journal.close()
+        first = min(d.until for d in mem.deferrals)
+        engine.memory = back
+        seen.append((back == mem, fresh.next_timer(engine.view(), first - 1.0), first))
+
+    simulate(jobs, make_policy(spec, PolicyHandle(perf=perf)), perf,
+             ClusterSpec(2, 8, "v100", perf.gpu_memory_mb("v100")), after_event=after)
+    (equal, timer, first), = seen
+    assert equal and timer == first

@@ -18,6 +18,7 @@ from meshsched.policies.lazer_opt import (
     Stage,
     fit_model,
     ideal_deferral,
+    ideal_step,
     latin_hypercube,
     mean_interarrival,
     objective,
@@ -75,15 +76,37 @@ def replay_40() -> tuple[list[float], DeferralOptimizer]:
 
 
 def test_ideal_deferral_follows_eq2_window():
-    # a shorter job arrives 20 s after the decision; victims pause 8 s, j_new loads 30 s: the load would be futile
-    assert ideal_deferral(20.0, max_pause_s=8.0, load_s=30.0) == 20.0
-    assert ideal_deferral(38.0, max_pause_s=8.0, load_s=30.0) == 38.0  # the window's end is included
-    assert ideal_deferral(38.5, max_pause_s=8.0, load_s=30.0) == 0.0  # j_new was already training: preempt at once
-    assert ideal_deferral(None, max_pause_s=8.0, load_s=30.0) == 0.0  # nobody came
-    assert ideal_deferral(150.0, max_pause_s=8.0, load_s=150.0) == 100.0  # capped at h
+    # victims pause 8 s, j_new loads 30 s: its load window is (8, 38] after the decision
+    assert ideal_deferral([20.0], max_pause_s=8.0, load_s=30.0) == 12.0  # defer until it comes before the load
+    assert ideal_deferral([38.0], max_pause_s=8.0, load_s=30.0) == 30.0  # the window's end is included
+    assert ideal_deferral([38.5], max_pause_s=8.0, load_s=30.0) == 0.0  # j_new was already training: preempt at once
+    assert ideal_deferral([], max_pause_s=8.0, load_s=30.0) == 0.0  # nobody came
+    assert ideal_deferral([180.0], max_pause_s=8.0, load_s=180.0) == 100.0  # capped at h
     with pytest.raises(ValueError):
-        ideal_deferral(-1.0, 8.0, 30.0)
+        ideal_deferral([-1.0], 8.0, 30.0)
     assert objective(30.0, 20.0) == objective(10.0, 20.0) == 10.0
+
+
+def test_an_arrival_during_the_pause_wastes_no_load():
+    """Eq. 2 asks p < ΔA: a shorter job arriving while the victims still pause finds j_new not loading yet.
+    Before this fix F was the arrival's delay (5 here), so X was pushed up for nothing."""
+    assert ideal_deferral([5.0], max_pause_s=8.0, load_s=30.0) == 0.0
+    assert ideal_deferral([8.0], max_pause_s=8.0, load_s=30.0) == 0.0  # the pause's end: not yet loading
+
+
+def test_ideal_deferral_is_enough_for_every_shorter_arrival():
+    """Deferring by X moves j_new's load window to (X + p, X + p + l]: F is the smallest X whose window holds
+    no shorter arrival. Before this fix F was the first arrival alone (20): deferring by 20 put the load on 30
+    and 60."""
+    p, l = 8.0, 30.0
+    assert ideal_deferral([20.0, 30.0, 60.0], p, l) == 52.0  # 20 -> 12, 30 in (20, 50] -> 22, 60 in (30, 60] -> 52
+    assert ideal_deferral([20.0, 60.0], p, l) == 12.0  # 60 comes after the window (20, 50] of X = 12
+    assert ideal_deferral([60.0, 20.0], p, l) == 12.0  # order does not matter
+    assert ideal_deferral([20.0, 45.0, 70.0, 95.0, 120.0], p, l) == 100.0  # dense: no X in [0, 100] avoids them
+    f = 0.0
+    for d in (20.0, 30.0, 60.0):  # the incremental form the policy keeps per pending decision
+        f = ideal_step(f, d, p, l)
+    assert f == 52.0
 
 
 def test_mean_interarrival_counts_the_last_hour():

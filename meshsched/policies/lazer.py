@@ -12,25 +12,29 @@ orchestrator runs again for j_new (J_r2, no second deferral): preempt, or back t
 On a release (completion, a finished pause; lines 11-17) queued jobs start in SRTF order on what came free;
 nothing is preempted. A deferred job starts too if GPUs come free for it (its deferral is then moot).
 
-F measurements (Eq. 2, `lazer_opt.ideal_deferral`): every prediction at t0 is pending until either a job with a
-shorter remaining time arrives within the pause + load window (F = its delay) or the window has passed (F = 0),
-observed at the first pass that knows it; then |X - F| goes to the optimiser.
+F measurements (Eq. 2, `lazer_opt.ideal_deferral`): every prediction at t0 is pending with a candidate F (first 0):
+a job with a shorter remaining time than j_new arriving D after t0 inside the candidate's load window
+(F + p, F + p + l] pushes it to D - p; F is known, and |X - F| goes to the optimiser, at the first pass after that
+window has passed with no such arrival, or once the candidate passes the upper bound h (F = h).
 
 Memory: DWQ/DRQ, the pending measurements, the arrivals of the past hour and the optimiser's observations are
 one frozen `LazerMemory`, engine state (`Remember`), so a new policy object (a restart, a new leader) carries on
 from it. The policy keeps a working copy of the optimiser (rebuilt from the memory whenever it is not the one
-it wrote) and asks for GP fits with `RequestFit`; the fitted model comes back as `view.model`.
+it wrote) and asks for GP fits with `RequestFit`; the fitted model comes back as `view.model`. For a journal
+the memory is JSON text (`encode_memory` / `decode_memory`); restored, the model is fitted again and the
+deferrals' ends come back as timers (`next_timer`).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from meshsched.policies.base import ClusterView, Cycle, Decision, Defer, Evict, Remember, RequestFit, Start, Trigger, Wait
 from meshsched.policies.lazer_opt import (
-    DeferralContext, DeferralOptimizer, OptimizerConfig, OptimizerState, fit_model, ideal_deferral, mean_interarrival,
-    objective,
+    DeferralContext, DeferralOptimizer, Observation, OptimizerConfig, OptimizerState, fit_model, ideal_step,
+    mean_interarrival, objective,
 )
 from meshsched.policies.queue import QueueScheduler, ShortestRemaining
 from meshsched.state import Job, JobState
@@ -56,10 +60,12 @@ class PendingMeasure:
     remaining_s: float  # j_new's remaining time at `at`: a shorter newcomer makes its load futile
     context: DeferralContext
     x: float
+    candidate: float = 0.0  # the smallest deferral that avoided every shorter arrival so far (`ideal_step`)
 
     @property
-    def window_s(self) -> float:
-        return self.context.max_pause_s + self.context.load_s
+    def window_end(self) -> float:
+        """When the candidate's load window ends (after it, F = candidate)."""
+        return self.at + self.candidate + self.context.max_pause_s + self.context.load_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +109,30 @@ class Lazer:
         return self.order.priority(job, job.since)
 
     def next_timer(self, view: ClusterView, now: float) -> float | None:
-        return None  # event-driven; deferrals arm their own timers through the engine
+        """Event-driven: only the deferrals' ends (the engine arms those it was told of by `Defer`; this names
+        them again when the memory comes back without the engine's timers, as after a meshd restart)."""
+        mem = view.memory
+        if not isinstance(mem, LazerMemory):
+            return None
+        ends = [d.until for d in mem.deferrals if d.until > now and view.job(d.job_id).state.is_queued]
+        return min(ends) if ends else None
+
+    def encode_memory(self, memory: LazerMemory) -> str:
+        """The memory as JSON text, for a journal; `decode_memory` gives back an equal value."""
+        return json.dumps(asdict(memory), separators=(",", ":"))
+
+    def decode_memory(self, text: str) -> LazerMemory:
+        d = json.loads(text)
+        o = d["optimizer"]
+        obs = tuple(Observation(DeferralContext(**x["context"]), x["x"], x["f"]) for x in o["observations"])
+        state = OptimizerState(obs, o["fitted_observations"], o["bootstrap_issued"], o["exploiting"])
+        return LazerMemory(
+            state,
+            tuple(Deferral(x["job_id"], x["until"], tuple(x["victims"])) for x in d["deferrals"]),
+            tuple(PendingMeasure(x["at"], x["job_id"], x["remaining_s"], DeferralContext(**x["context"]), x["x"],
+                                 x["candidate"]) for x in d["pending"]),
+            tuple(d["arrivals"]),
+        )
 
     def schedule(self, view: ClusterView, cycle: Cycle, placement) -> list[Decision]:
         now = cycle.now
@@ -112,8 +141,8 @@ class Lazer:
         arrived = view.job(cycle.arrived) if cycle.arrived is not None else None
         if arrived is not None:
             mem = replace(mem, arrivals=tuple(t for t in mem.arrivals if t > now - HOUR_S) + (now,))
-        pending, observed = self._measure(mem.pending, arrived, now)
-        if observed:
+        pending, changed = self._measure(mem.pending, arrived, now)
+        if changed:
             mem = replace(mem, pending=pending)
         # deferrals that ran out (or whose job started or left): their victims go back to RQ
         live = tuple(d for d in mem.deferrals if d.until > now and view.job(d.job_id).state.is_queued)
@@ -132,8 +161,7 @@ class Lazer:
             mem = self._consider(view, cycle, placement, arrived, mem, evicted, out, may_defer=True)
         if mem is not before:
             out.append(Remember(replace(mem, optimizer=self._state())))
-        if self._opt.needs_fit() and len(self._opt.observations) > self._asked:
-            request = self._opt.fit_request()
+        if self._opt.needs_fit() and len((request := self._opt.fit_request()).observations) > self._asked:
             self._asked = len(request.observations)
             out.append(RequestFit(fit_model, request))
         return out
@@ -214,20 +242,25 @@ class Lazer:
 
     def _measure(self, pending: tuple[PendingMeasure, ...], arrived: Job | None, now: float
                  ) -> tuple[tuple[PendingMeasure, ...], bool]:
-        keep, observed = [], False
+        keep, changed = [], False
         shorter = arrived.remaining_time(now) if arrived is not None else math.inf
+        high = self.config.high_s
         for p in pending:
-            delay = now - p.at
-            if delay > p.window_s:
-                f = 0.0  # nobody shorter came while j_new would pause its victims and load: no futile load
+            if now > p.window_end:
+                f = p.candidate  # no shorter job came while j_new would have paused its victims and loaded
             elif shorter < p.remaining_s and arrived.job_id != p.job_id:
-                f = ideal_deferral(delay, p.context.max_pause_s, p.context.load_s, self.config.high_s)
+                c = ideal_step(p.candidate, now - p.at, p.context.max_pause_s, p.context.load_s)
+                if c <= high:
+                    keep.append(replace(p, candidate=c) if c != p.candidate else p)
+                    changed = changed or c != p.candidate
+                    continue
+                f = high  # no deferral within [0, h] avoids the arrivals: h is the closest
             else:
                 keep.append(p)
                 continue
             self._opt.observe(p.context, p.x, objective(p.x, f))
-            observed = True
-        return (tuple(keep) if observed else pending), observed
+            changed = True
+        return (tuple(keep) if changed else pending), changed
 
     # ------------------------------------------------------------------ memory
 
@@ -236,7 +269,7 @@ class Lazer:
         state = mem.optimizer if mem is not None else None
         if state is not self._synced:  # written by another policy object (restart, new leader): carry on from it
             self._opt = (DeferralOptimizer(self.config) if state is None
-                         else DeferralOptimizer.restore(self.config, replace(state, fitted_observations=0)))
+                         else DeferralOptimizer.restore(self.config, state, fit=False))
             self._synced, self._model, self._asked = state, None, 0
         model = view.model
         if model is not None and model is not self._model:

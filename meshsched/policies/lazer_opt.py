@@ -7,17 +7,20 @@ X in [0, 100]. The context of the decision is Eq. 5:
          largest pause-and-save time among J_r)                                      -> DeferralContext
 
 and the objective (Eq. 4), minimised, is f(X | c) = |X - F| with F the *ideal deferral*, known only after the
-fact (see `ideal_deferral`): F is how long the scheduler should have waited so that j_new's load would not be
-thrown away by a futile preemption (Eq. 2). If, after the decision at t0, a job with a shorter remaining time
-than j_new arrives at t0 + D while j_new would still be pausing its victims or loading (D <= p + l, with
-p = the largest pause time of J_r and l = j_new's load time), then F = D: deferring until that job arrives
-lets the orchestrator choose it instead of loading j_new in vain. If no such job arrives within p + l, nothing
-is wasted by preempting at once and F = 0. F is capped at the upper bound h = 100 s. (Eq. 2 writes the window
-as p < D <= p + l, an arrival during j_new's load; an arrival during the pause, D <= p, counts too, because
-j_new's load then starts anyway and the newcomer throws it away. A deferral longer than F costs |X - F| of
-waiting; one shorter than a positive F lets the load be wasted: the objective charges both.) Because F is random
-given c (arrivals are), the GP's mean of |X - F| is lowest at the conditional median of F: that is the X the
-exploitation stage returns.
+fact (see `ideal_deferral`): "deferred only by enough to avoid loading a job that would otherwise be preempted
+shortly after" (section 4.2). Eq. 2 says when j_new's load is thrown away: a job with a shorter remaining time
+than j_new arrives D seconds after j_new with p < D <= p + l (p = the largest pause time of J_r, l = j_new's
+load time). A deferral by X shifts that load window to (X + p, X + p + l]; a shorter job arriving before it,
+while the preemption is deferred (its candidates are held in the deferred-run queue) or while J_r pause, takes
+nothing from j_new. So F is the smallest X >= 0 whose window holds none of the shorter arrivals: 0 when none
+comes in (p, p + l]; otherwise D - p for the first arrival D that no other shorter arrival follows within l
+(each arrival inside the current window pushes the window past it). F is capped at the upper bound h = 100 s:
+when arrivals are so dense that no deferral within [0, h] avoids them, h is the closest. (Until this version
+F was the first such D alone, counting arrivals during the pause too: X = F then moved j_new's load onto the
+next shorter arrival, and in a busy cluster F was small, so the optimiser learned X = 0.) A deferral longer
+than F costs |X - F| of waiting; one shorter than a positive F lets the load be wasted: the objective charges
+both. Because F is random given c (arrivals are), the GP's mean of |X - F| is lowest at the conditional median
+of F: that is the X the exploitation stage returns.
 
 The three stages of the paper:
   bootstrap     the first M = 10 suggestions come from a seeded Latin hypercube over [0, 100] (one point in
@@ -104,19 +107,32 @@ def mean_interarrival(arrivals: Sequence[float], now: float, window_s: float = 3
     return window_s / max(n, 1)
 
 
+def ideal_step(candidate: float, delay_s: float, max_pause_s: float, load_s: float) -> float:
+    """One step of F: `candidate` is the smallest deferral whose load window (candidate + p, candidate + p + l]
+    holds none of the shorter arrivals seen so far; a shorter job arriving `delay_s` after the decision inside
+    that window pushes it past itself (candidate = delay - p). Arrivals must come in time order."""
+    if delay_s < 0.0:
+        raise ValueError(f"the shorter job arrived before the decision ({delay_s} s)")
+    if candidate + max_pause_s < delay_s <= candidate + max_pause_s + load_s:
+        return delay_s - max_pause_s
+    return candidate
+
+
 def ideal_deferral(
-    shorter_arrival_after_s: float | None, max_pause_s: float, load_s: float, high_s: float = HIGH_S
+    shorter_arrivals_after_s: Sequence[float], max_pause_s: float, load_s: float, high_s: float = HIGH_S
 ) -> float:
-    """F of Lazer Eq. 4, in hindsight (see the module docstring): the delay, after the decision, at which the
-    next job with a shorter remaining time than j_new arrived, when that was within the pause + load window
-    (it would have made j_new's load futile); 0 when it came later or never (None). Capped at `high_s`.
-    Known at t0 + D for such an arrival, else at t0 + p + l, whatever X was: observe then."""
-    d = shorter_arrival_after_s
-    if d is None or d > max_pause_s + load_s:
-        return 0.0
-    if d < 0.0:
-        raise ValueError(f"the shorter job arrived before the decision ({d} s)")
-    return min(d, high_s)
+    """F of Lazer Eq. 4, in hindsight (see the module docstring), from the delays after the decision at which
+    jobs with a shorter remaining time than j_new arrived (all of them up to F + p + l): the smallest deferral
+    whose load window (F + p, F + p + l] holds none of them, capped at `high_s`. Known at t0 + F + p + l
+    whatever X was, or as soon as the candidate passes `high_s`: observe then."""
+    f = 0.0
+    for d in sorted(shorter_arrivals_after_s):
+        if d > f + max_pause_s + load_s:
+            break  # the window of f passed with no shorter arrival in it
+        f = ideal_step(f, d, max_pause_s, load_s)
+        if f > high_s:
+            return high_s
+    return f
 
 
 def objective(x: float, ideal: float) -> float:
@@ -310,22 +326,29 @@ class DeferralOptimizer:
         self._fitted: FittedModel | None = None
         self._bootstrap_issued = 0
         self._exploiting = False
+        self._refit_on = 0  # restored without its model: how many observations that model had
 
     def state(self) -> OptimizerState:
         fitted = self._fitted
         return OptimizerState(
-            tuple(self._observations), 0 if fitted is None else fitted.n_observations, self._bootstrap_issued, self._exploiting
+            tuple(self._observations), self._refit_on if fitted is None else fitted.n_observations,
+            self._bootstrap_issued, self._exploiting
         )
 
     @classmethod
-    def restore(cls, config: OptimizerConfig, state: OptimizerState) -> DeferralOptimizer:
-        """The optimiser `state` was taken from (same config), its model refitted here (synchronously)."""
+    def restore(cls, config: OptimizerConfig, state: OptimizerState, fit: bool = True) -> DeferralOptimizer:
+        """The optimiser `state` was taken from (same config), its model refitted here (synchronously); with
+        `fit=False` without a model: `needs_fit` then asks for that model (a fit of the same observations, also
+        in the exploitation stage, whose model is frozen) and X comes from the Latin hypercube until it is
+        installed."""
         opt = cls(config)
         opt._observations = list(state.observations)
         opt._bootstrap_issued = state.bootstrap_issued
         opt._exploiting = state.exploiting
-        if state.fitted_observations:
+        if state.fitted_observations and fit:
             opt._fitted = fit_model(FitRequest(config, state.observations[: state.fitted_observations]))
+        elif state.fitted_observations:
+            opt._refit_on = state.fitted_observations
         return opt
 
     @property
@@ -372,16 +395,20 @@ class DeferralOptimizer:
         return True
 
     def needs_fit(self) -> bool:
-        """True when a (re)fit is due: M observations for the first, then `refit_every` new ones."""
-        if self._exploiting:
-            return False
+        """True when a (re)fit is due: M observations for the first (or the model a restore left out), then
+        `refit_every` new ones until the exploitation stage."""
         n = len(self._observations)
         if self._fitted is None:
             return n >= self.config.bootstrap
+        if self._exploiting:
+            return False
         return n - self._fitted.n_observations >= self.config.refit_every
 
     def fit_request(self) -> FitRequest:
-        return FitRequest(self.config, tuple(self._observations))
+        obs = self._observations
+        if self._fitted is None and self._refit_on:
+            obs = obs[: self._refit_on]  # the model the state had, first
+        return FitRequest(self.config, tuple(obs))
 
     def fit(self) -> FittedModel:
         """`fit_model(self.fit_request())`, synchronously."""
