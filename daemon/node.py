@@ -207,8 +207,11 @@ class NodeDaemon:
         jid = getattr(event, "job_id", None) or getattr(getattr(event, "spec", None), "job_id", None)
         if jid:
             touched.append(jid)
+        memory = self.engine.memory
         with self.journal.batch():
             actions = self.engine.handle(event, now)
+            if self.engine.memory is not memory:  # the preemption layer remembered something: durable with it
+                self._journal_memory()
             touched += self.engine.settled  # jobs job control queued, blocked or cancelled in passing
             for action in actions:
                 if isinstance(action, Action):
@@ -225,6 +228,23 @@ class NodeDaemon:
                 self.journal.set_meta(APPLIED, str(index))
         if self.mesh is not None:
             self._stop_released(touched)
+
+    def _journal_memory(self) -> None:
+        encode = getattr(self.engine.policy.preemption, "encode_memory", None)
+        if encode is not None and self.engine.memory is not None and self.mesh is None:  # a mesh replays its log
+            self.journal.put_memory(encode(self.engine.memory))
+
+    def _restore_memory(self) -> None:
+        """(one server) The preemption layer's memory from the journal (Lazer: deferrals, observations), before
+        anything is scheduled: a restart neither forgets what it learned nor a deferral it promised."""
+        decode = getattr(self.engine.policy.preemption, "decode_memory", None)
+        text = self.journal.load_memory()
+        if decode is None or text is None:
+            return
+        try:
+            self.engine.memory = decode(text)
+        except (ValueError, KeyError, TypeError) as exc:
+            LOG.warning("the policy's journaled memory is unreadable (%s); it starts afresh", exc)
 
     def _input(self, event: ev.Event, run: int | None = None, queued: bool = False, record: dict | None = None) -> None:
         """Something happened here: the engine hears of it now (one server) or once the mesh's leader has put
@@ -509,6 +529,7 @@ class NodeDaemon:
         """Rebuild the engine from the journal; re-adopt live jobs, requeue the rest. Outcomes of jobs that
         ended while meshd was down (each may start a scheduling pass) wait until every record is back, so no
         pass sees the GPUs of a live job that is not re-adopted yet as free."""
+        self._restore_memory()
         inv = self.gpus.inventory()
         node = NodeSpec(self.config.node_name, len(inv), inv[0].name, inv[0].memory_total_mb)
         self.dispatch(ev.NodeJoined(self._sid("join"), node))

@@ -307,3 +307,28 @@ async def test_jobs_get_transient_scopes_via_systemd_run(dirs, tmp_path, monkeyp
     args = record.read_text().split()
     assert args[:4] == ["--scope", "--quiet", "--collect", f"--unit=mesh-job-{rec.job_id}-0.scope"]
     assert args[4:7] == ["--", sys.executable, "-m"]
+
+
+async def test_lazer_memory_survives_a_restart(dirs):
+    """The preemption layer's memory (Lazer's arrivals, deferrals, GP observations) is journaled with the event
+    that changed it and restored before recovery schedules anything (it was lost on every restart)."""
+    cfg = make_config(*dirs, policy="lazer")
+    d1 = NodeDaemon(cfg)
+    await d1.start()
+    try:
+        for gpus in (4, 2, 2):
+            submit(d1, py("import time; time.sleep(30)"), gpus=gpus)
+        await wait_for(lambda: d1.engine.memory is not None, what="Lazer remembered the arrivals")
+        memory = d1.engine.memory
+        pids = [r.supervisor_pid for r in d1.records.values()]
+    finally:
+        await d1.close()
+    d2 = NodeDaemon(cfg)
+    await d2.start()
+    try:
+        assert d2.engine.memory is not None
+        assert d2.engine.memory.arrivals == memory.arrivals and d2.engine.memory.optimizer == memory.optimizer
+    finally:
+        pids += [r.supervisor_pid for r in d2.records.values()]
+        await d2.close()
+        kill_sessions(pids)
