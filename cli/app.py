@@ -62,10 +62,17 @@ def submit(
     begin: str = typer.Option(
         "", "--begin", "-b", help="not before: now+N (seconds), now+5m, now+2hours, HH:MM[:SS], or an ISO date-time "
                                   "(reason BeginTime until then)"),
+    plan: str = typer.Option(
+        "", "--plan", help="execution plan, e.g. dp2-ga2-gc (dpN tpN ppN gaN zN gc off; dp x tp x pp = --gpus); "
+                           "the job reads it as MESH_PLAN; refused when the plan model says it cannot fit"),
+    cpus: int | None = typer.Option(None, "--cpus", help="CPU cores in all (default: the node's share per GPU)"),
+    mem: str = typer.Option("", "--mem", help="host memory in all, in GB (64 or 64G; default: the node's share)"),
+    tenant: str = typer.Option("", "--tenant", help="tenant whose quota a --guaranteed job uses (default: default)"),
 ) -> None:
-    """Submit a training job; prints its id."""
+    """Submit a training job; prints its id. A job that could never run (a plan that does not fit, more CPUs or
+    memory than any node has, a guaranteed job over its tenant's quota) is refused in one line, nothing queued."""
     jobs.submit(str(script), list(args or []), gpus, batch_size, iters, model, name, deadline, guaranteed, as_json,
-                array, dependency, time_limit, hold, wait, output, error, begin)
+                array, dependency, time_limit, hold, wait, output, error, begin, plan, cpus, mem, tenant)
 
 
 @app.command("ls")

@@ -129,6 +129,18 @@ def parse_time_limit(text: str) -> float:
     return float(seconds)
 
 
+def parse_mem(text: str) -> float:
+    """--mem in GB: `64`, `64G`, `64GB`, `0.5` -> 64.0 (> 0)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("G")
+    try:
+        gb = float(t)
+    except ValueError:
+        gb = -1.0
+    if not (gb > 0 and gb != float("inf")):
+        fail(f"--mem {text!r}: give host memory in GB, like 64 or 64G")
+    return gb
+
+
 def build_command(script: str, args: list[str]) -> list[str]:
     path = os.path.realpath(script)
     if path.endswith(".py") or not os.access(path, os.X_OK):
@@ -180,7 +192,8 @@ def _out(lines: list[str]) -> None:
 def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size: int = 32, iters: int | None = None,
            model: str = "custom", name: str = "", deadline: str = "", guaranteed: bool = False,
            as_json: bool = False, array: str = "", dependency: str = "", time_limit: str = "", hold: bool = False,
-           wait: bool = False, output: str = "", error: str = "", begin: str = "") -> None:
+           wait: bool = False, output: str = "", error: str = "", begin: str = "", plan: str = "",
+           cpus: int | None = None, mem: str = "", tenant: str = "") -> None:
     if gpus < 1:
         fail(f"--gpus must be at least 1, got {gpus}")
     if iters is not None and iters < 1:
@@ -205,6 +218,12 @@ def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size
         body["hold"] = True
     if begin:
         body["begin"] = parse_begin(begin, time.time())
+    if cpus is not None and cpus < 1:
+        fail(f"--cpus must be at least 1, got {cpus}")
+    for key, value in (("plan", plan), ("cpus", cpus), ("memory_gb", parse_mem(mem) if mem else None),
+                       ("tenant", tenant)):
+        if value:  # meshd checks the plan and whether any node could ever hold the job
+            body[key] = value
     job = api_call("POST", "/v1/jobs", body)
     job_id = job.get("array_id") or job["job_id"]
     if as_json:

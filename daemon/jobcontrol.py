@@ -71,6 +71,25 @@ class ControlRequest:
 PLAIN = ControlRequest()
 
 
+def resources(req: SubmitRequest) -> dict[str, Any]:
+    """The JobRecord fields of the plan and resources a submit asked for (`--plan --cpus --mem --tenant`)."""
+    return {"plan": req.plan, "cpus": req.cpus, "memory_gb": req.memory_gb, "tenant": req.tenant}
+
+
+def refuse_never_runnable(daemon, spec: JobSpec) -> JobSpec:
+    """`spec`, or SubmitError (answered 400, nothing journaled) with the engine's one line on why it could never
+    run: more CPUs or memory than any node has, a plan the plan model calls infeasible, a tenant over its quota.
+    In a mesh that has not caught up with its log yet the engine's view is partial: the leader decides then."""
+    from meshsched.daemon.node import SubmitError
+
+    if daemon.mesh is not None and not daemon.mesh.synced:
+        return spec
+    why = daemon.engine.admission_error(spec)
+    if why is not None:
+        raise SubmitError(f"refused: {why.removeprefix(f'{spec.job_id}: ')}")  # an id never given out
+    return spec
+
+
 def _str(data: dict, key: str) -> str:
     value = data.get(key, "")
     if not isinstance(value, str):
@@ -223,9 +242,9 @@ class JobControl:
                 submit_time=now, name=name, user=user, deadline=req.deadline, guaranteed=req.guaranteed,
                 command=req.command, cwd=req.cwd, env=env, job_dir=str(d.config.jobs_dir / job_id),
                 array_id=array_id, array_task=task, array_limit=ctl.array_limit, dependency=deps,
-                time_limit=ctl.time_limit, held=ctl.hold, uid=uid, begin_time=ctl.begin, **files,
+                time_limit=ctl.time_limit, held=ctl.hold, uid=uid, begin_time=ctl.begin, **files, **resources(req),
             )
-            recs.append((rec, _spec(rec)))  # validates
+            recs.append((rec, refuse_never_runnable(d, _spec(rec))))  # validates; refuses before journaling
         with d.journal.batch():  # durable first: a failed write (full disk) leaves no phantom job
             for rec, _ in recs:
                 d.journal.put(rec)

@@ -28,7 +28,7 @@ from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigu
 from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.dirs import highest_job_dir, private_dir
 from meshsched.daemon.gpus import GpuBackend, open_backend
-from meshsched.daemon.jobcontrol import JobControl, control_spec
+from meshsched.daemon.jobcontrol import JobControl, control_spec, refuse_never_runnable, resources
 from meshsched.daemon.journal import Journal, JobRecord
 from meshsched.daemon.launcher import Launcher, Outcome, free_port, read_outcome
 from meshsched.daemon.mps import MpsManager, open_mps
@@ -353,7 +353,7 @@ class NodeDaemon:
         env.setdefault("MESH_GRACE_PERIOD", str(self.config.preempt_grace))
         # The SDK trains with this micro-batch and accumulation (the global batch is unchanged).
         env.update(MESH_MICRO_BATCH=str(x.micro_batch), MESH_ACCUM_STEPS=str(x.accumulation),
-                   MESH_MPS_PERCENTAGE=str(x.mps_percentage))
+                   MESH_MPS_PERCENTAGE=str(x.mps_percentage), MESH_PLAN=x.plan or rec.plan or "")  # else the asked
         self._forget_run(rec.job_id)
         spec = LaunchSpec(
             job_id=rec.job_id, command=rec.command, cwd=rec.cwd, env=env, local_gpus=local,
@@ -593,9 +593,9 @@ class NodeDaemon:
             iterations=req.iterations or DEFAULT_ITERATIONS, iterations_given=req.iterations is not None,
             submit_time=time.time(), name=req.name or _printable(Path(_script(req.command)).name[:40]),
             user=user, deadline=req.deadline, guaranteed=req.guaranteed, command=req.command, cwd=req.cwd,
-            env=req.env, job_dir=str(self.config.jobs_dir / job_id),
+            env=req.env, job_dir=str(self.config.jobs_dir / job_id), **resources(req),
         )
-        spec = _spec(rec)  # validates
+        spec = refuse_never_runnable(self, _spec(rec))  # validates; nothing is journaled for a job that can never run
         with self.journal.batch():  # durable first: a failed write (full disk) leaves no phantom job
             self.journal.put(rec)
             self.journal.transition(job_id, rec.submit_time, "PENDING", "submitted")
@@ -927,5 +927,5 @@ def _spec(rec: JobRecord) -> JobSpec:
     return JobSpec(
         job_id=rec.job_id, gpus=rec.gpus, model=rec.model, batch_size=rec.batch_size, iterations=rec.iterations,
         submit_time=rec.submit_time, name=rec.name, user=rec.user, deadline=rec.deadline, guaranteed=rec.guaranteed,
-        **control_spec(rec),
+        plan=rec.plan, cpus=rec.cpus, memory_gb=rec.memory_gb, tenant=rec.tenant, **control_spec(rec),
     )

@@ -135,6 +135,10 @@ class SubmitRequest:
     deadline: float | None = None  # absolute UNIX time
     guaranteed: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    plan: str | None = None  # execution plan (meshsched.perf.plans string form: dp2-ga2-gc); the job's MESH_PLAN
+    cpus: int | None = None  # CPU cores in all (None: the node's share per GPU)
+    memory_gb: float | None = None  # host memory in all, GB (None: the node's share per GPU)
+    tenant: str = "default"  # whose quota a guaranteed job uses
 
     @classmethod
     def from_json(cls, data: Any) -> SubmitRequest:
@@ -166,8 +170,18 @@ class SubmitRequest:
         env = data.get("env", {})
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise RequestError("env must map strings to strings")
-        for key in ("model", "name"):
+        for key in ("model", "name", "tenant"):
             _label(key, data.get(key, ""))
+        if "tenant" in data and not str(data["tenant"]).strip():
+            raise RequestError("tenant must not be empty")
+        plan = _plan(data.get("plan"), ints["gpus"])
+        cpus = data.get("cpus")
+        if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1):
+            raise RequestError(f"cpus must be an integer >= 1, got {cpus!r}")
+        memory_gb = data.get("memory_gb")
+        if memory_gb is not None and (isinstance(memory_gb, bool) or not isinstance(memory_gb, (int, float))
+                                      or not math.isfinite(memory_gb) or memory_gb <= 0):
+            raise RequestError(f"memory_gb must be a number of GB > 0, got {memory_gb!r}")
         if "\0" in cwd or any("\0" in a for a in command):
             raise RequestError("command and cwd must not contain NUL characters")
         if any("\0" in k or "=" in k or not k or "\0" in v for k, v in env.items()):
@@ -180,5 +194,27 @@ class SubmitRequest:
             deadline=None if deadline is None else float(deadline),
             guaranteed=bool(data.get("guaranteed", False)),
             env=dict(env),
+            plan=plan,
+            cpus=cpus,
+            memory_gb=None if memory_gb is None else float(memory_gb),
+            tenant=data.get("tenant") or "default",
             **ints,
         )
+
+
+def _plan(value: Any, gpus: int) -> str | None:
+    """An execution plan in its canonical string form (`dp2-tp1-pp1-ga2-gc`), checked against the GPUs asked for."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise RequestError("plan must be a string such as dp2-ga2-gc")
+    from meshsched.perf.plans import ExecutionPlan, InvalidPlan
+
+    try:
+        plan = ExecutionPlan.parse(value)
+    except InvalidPlan as exc:
+        raise RequestError(f"--plan: {exc}") from None
+    if plan.gpus != gpus:
+        raise RequestError(f"--plan {value}: uses {plan.gpus} GPU(s) (dp x tp x pp) but the job asks for {gpus} "
+                           f"(--gpus {plan.gpus}, or a plan whose dp x tp x pp is {gpus})")
+    return str(plan)

@@ -31,6 +31,15 @@ class MeshEnv:
     report_interval: float
     micro_batch: int | None = None  # MESH_MICRO_BATCH: per-GPU micro-batch meshd chose (its ExecConfig)
     accum_steps: int | None = None  # MESH_ACCUM_STEPS: accumulation steps; micro_batch x accum_steps = local batch
+    plan: str | None = None  # MESH_PLAN: the execution plan to train with (`dp2-tp1-pp1-ga2-gc`), None: none given
+
+    def execution_plan(self):
+        """MESH_PLAN parsed (meshsched.perf.plans.ExecutionPlan: dp, tp, pp, ga, gc, zero, offload), or None."""
+        if self.plan is None:
+            return None
+        from meshsched.perf.plans import ExecutionPlan
+
+        return ExecutionPlan.parse(self.plan)
 
     @property
     def under_meshd(self) -> bool:
@@ -52,7 +61,21 @@ class MeshEnv:
             report_interval=float(e.get("MESH_REPORT_INTERVAL", DEFAULT_REPORT_INTERVAL)),
             micro_batch=_positive(e, "MESH_MICRO_BATCH"),
             accum_steps=_positive(e, "MESH_ACCUM_STEPS"),
+            plan=_plan(e),
         )
+
+
+def _plan(e: Mapping[str, str]) -> str | None:
+    """MESH_PLAN in its canonical form (unset or empty: None); a malformed plan is a clear error."""
+    text = e.get("MESH_PLAN") or None
+    if text is None:
+        return None
+    from meshsched.perf.plans import ExecutionPlan, InvalidPlan
+
+    try:
+        return str(ExecutionPlan.parse(text))
+    except InvalidPlan as exc:
+        raise ValueError(f"MESH_PLAN={text!r}: {exc}") from None
 
 
 def _positive(e: Mapping[str, str], name: str) -> int | None:

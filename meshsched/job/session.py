@@ -55,7 +55,7 @@ class _Meta(State):
 
     def load_state_dict(self, state: dict) -> None:
         self.session.step = int(state["step"])
-        if self.session.env.accum_steps is None:  # meshd's ExecConfig for this run wins over the checkpoint's
+        if self.session.env.accum_steps is None and self.session.plan is None:  # meshd's choice for this run wins
             self.session.accum_steps = int(state["accum_steps"])
 
     def save(self, path: Path) -> None:
@@ -77,8 +77,11 @@ class Session:
         self.rank, self.world_size = env.rank, env.world_size
         self.sampler = sampler
         self.step = 0
-        # None: the accumulation meshd chose for this run (MESH_ACCUM_STEPS), else 1
-        self.accum_steps = max(1, accum_steps if accum_steps is not None else env.accum_steps or 1)
+        # None: the accumulation meshd chose for this run (the plan's gaN, else MESH_ACCUM_STEPS), else 1
+        self.plan = env.execution_plan()
+        if accum_steps is None:
+            accum_steps = self.plan.ga if self.plan is not None else env.accum_steps
+        self.accum_steps = max(1, accum_steps or 1)
         self.checkpoint_every = checkpoint_every
         self.vote_interval = max(0.0, vote_interval)
         self._next_vote = 1  # the step whose end_step holds the next vote (the same on every rank)
