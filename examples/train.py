@@ -6,6 +6,12 @@ contract, uses nccl on GPUs and gloo on CPU (fake GPUs). meshsched.job does the 
 hands each rank its share of the global batch, checkpoints go atomically to MESH_CHECKPOINT_DIR and are
 resumed on restart, SIGTERM or meshd's checkpoint-and-exit stops every rank at the same step (exit code
 75: preempted, resumable), and progress is reported to meshd in the background.
+
+Execution plans (MESH_PLAN, `mesh submit --plan`): data parallel (dpN = the ranks), gradient accumulation
+(gaN: the SDK cuts each rank's share of the global batch into N micro-batches) and activation checkpointing
+(gc: the hidden block's activations are recomputed in backward, torch.utils.checkpoint). The global batch is
+the same under every plan, so a job reconfigured between plans (checkpoint, restart, resume) trains on.
+Tensor/pipeline parallelism and ZeRO are not implemented here: such a plan is refused in one line.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
 
 from meshsched import job
 
@@ -64,21 +71,49 @@ def dataset(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+class Mlp(nn.Module):
+    """16 -> hidden -> 1; with `recompute`, the hidden block's activations are recomputed in backward."""
+
+    def __init__(self, hidden: int, recompute: bool = False) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(16, hidden), nn.ReLU())
+        self.head = nn.Linear(hidden, 1)
+        self.recompute = recompute
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute and self.training:
+            return self.head(checkpoint(self.body, x, use_reentrant=False))
+        return self.head(self.body(x))
+
+
+def check_plan(plan, world: int) -> None:
+    """The plans this script can run: dpN (N = the ranks) with gaN and gc."""
+    if plan is None:
+        return
+    if plan.tp > 1 or plan.pp > 1 or plan.zero or plan.offload:
+        raise SystemExit(f"plan {plan}: this example runs data parallel with accumulation (gaN) and activation "
+                         "checkpointing (gc) only, not tensor/pipeline parallelism or ZeRO")
+    if plan.dp != world:
+        raise SystemExit(f"plan {plan}: dp{plan.dp} but {world} rank(s) run")
+
+
 def main() -> None:
     args = parse_args()
     rank, world, device = setup()
     x, y = dataset(args.dataset_size)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1)).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     sampler = job.ElasticSampler(args.dataset_size, args.batch_size, world_size=world, seed=0)
     sess = job.attach(sampler=sampler, checkpoint_every=args.checkpoint_every, accum_steps=args.accum_steps,
                       total_steps=args.steps)  # meshd's estimate and `mesh top` follow it: no --iters needed
+    check_plan(sess.plan, world)  # MESH_PLAN; its gaN is already the session's accumulation
+    model = Mlp(args.hidden, recompute=sess.plan is not None and sess.plan.gc).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     sess.track(model=model, optimizer=opt)
     start = sess.resume()
     ddp = DDP(model)
     if rank == 0:
-        print(f"training: world={world} backend={dist.get_backend()} device={device} from step {start}", flush=True)
+        print(f"training: world={world} backend={dist.get_backend()} device={device} from step {start} "
+              f"plan={sess.plan} accumulation={sess.accum_steps} recompute={model.recompute}", flush=True)
     loss_sum = torch.zeros((), device=device)
     while sess.step < args.steps:
         loss_sum.zero_()
