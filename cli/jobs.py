@@ -283,6 +283,12 @@ def show(job_id: str, as_json: bool = False) -> None:
     lines.append(f"{'partners':>22}: {partners(job)}")
     lines.append(f"{'micro-batch x accum':>22}: {batch(job)}")
     lines.append(f"{'MPS %':>22}: {mps(job)}")
+    running = (_exec(job) or {}).get("plan")
+    asked = {"plan": running or job.get("plan"),
+             "plan asked": job.get("plan") if running and running != job.get("plan") else "",
+             "cpus": job.get("cpus"), "memory (GB)": job.get("memory_gb"),
+             "tenant": job.get("tenant") if job.get("tenant", "default") != "default" else ""}
+    lines += [f"{key:>22}: {value}" for key, value in asked.items() if value]
     lines.append(f"{'command':>22}: {' '.join(job['command'])}")
     control = {"array": job.get("array_id") and f"{job['array_id']} task {job.get('array_task')}",
                "dependency": ",".join(f"{k}:{j}" for k, j in job.get("dependency") or ()),

@@ -76,14 +76,19 @@ def resources(req: SubmitRequest) -> dict[str, Any]:
     return {"plan": req.plan, "cpus": req.cpus, "memory_gb": req.memory_gb, "tenant": req.tenant}
 
 
-def refuse_never_runnable(daemon, spec: JobSpec) -> JobSpec:
-    """`spec`, or SubmitError (answered 400, nothing journaled) with the engine's one line on why it could never
-    run: more CPUs or memory than any node has, a plan the plan model calls infeasible, a tenant over its quota.
-    In a mesh that has not caught up with its log yet the engine's view is partial: the leader decides then."""
+def refuse_never_runnable(daemon, req: SubmitRequest) -> None:
+    """SubmitError (answered 400; no id taken, nothing journaled) with the engine's one line on why the job could
+    never run: more CPUs or memory than any node has, a plan the plan model calls infeasible, a guaranteed job
+    over its tenant's quota. A mesh that has not caught up with its log has a partial view: its leader decides."""
     from meshsched.daemon.node import SubmitError
 
     if daemon.mesh is not None and not daemon.mesh.synced:
-        return spec
+        return
+    spec = JobSpec(job_id="new", gpus=req.gpus, model=req.model, batch_size=req.batch_size,
+                   iterations=req.iterations or DEFAULT_ITERATIONS, guaranteed=req.guaranteed, **resources(req))
+    why = daemon.engine.admission_error(spec)
+    if why is not None:
+        raise SubmitError(f"refused: {why.removeprefix('new: ')}")
     why = daemon.engine.admission_error(spec)
     if why is not None:
         raise SubmitError(f"refused: {why.removeprefix(f'{spec.job_id}: ')}")  # an id never given out
@@ -220,6 +225,7 @@ class JobControl:
         if req.gpus > total and (d.mesh is None or d.mesh.synced):
             where = "this node has" if d.mesh is None else "the mesh's live nodes have"
             raise SubmitError(f"--gpus {req.gpus}: {where} only {total} GPU(s)")
+        refuse_never_runnable(d, req)
         deps = self.resolve(ctl.dependency)
         seq = d.journal.next_seq(d._id_floor)
         head = str(seq) if d.mesh is None else f"{d.config.node_name}.{seq}"  # a mesh: unique without a leader
@@ -244,7 +250,7 @@ class JobControl:
                 array_id=array_id, array_task=task, array_limit=ctl.array_limit, dependency=deps,
                 time_limit=ctl.time_limit, held=ctl.hold, uid=uid, begin_time=ctl.begin, **files, **resources(req),
             )
-            recs.append((rec, refuse_never_runnable(d, _spec(rec))))  # validates; refuses before journaling
+            recs.append((rec, _spec(rec)))  # validates
         with d.journal.batch():  # durable first: a failed write (full disk) leaves no phantom job
             for rec, _ in recs:
                 d.journal.put(rec)

@@ -586,6 +586,7 @@ class NodeDaemon:
         if req.gpus > total and (self.mesh is None or self.mesh.synced):
             where = "this node has" if self.mesh is None else "the mesh's live nodes have"
             raise SubmitError(f"--gpus {req.gpus}: {where} only {total} GPU(s)")
+        refuse_never_runnable(self, req)  # one line, no id taken, nothing journaled
         seq = self.journal.next_seq(self._id_floor)
         job_id = str(seq) if self.mesh is None else f"{self.config.node_name}.{seq}"  # a mesh: unique without a leader
         rec = JobRecord(
@@ -595,7 +596,7 @@ class NodeDaemon:
             user=user, deadline=req.deadline, guaranteed=req.guaranteed, command=req.command, cwd=req.cwd,
             env=req.env, job_dir=str(self.config.jobs_dir / job_id), **resources(req),
         )
-        spec = refuse_never_runnable(self, _spec(rec))  # validates; nothing is journaled for a job that can never run
+        spec = _spec(rec)  # validates
         with self.journal.batch():  # durable first: a failed write (full disk) leaves no phantom job
             self.journal.put(rec)
             self.journal.transition(job_id, rec.submit_time, "PENDING", "submitted")

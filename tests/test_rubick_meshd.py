@@ -118,6 +118,12 @@ def test_mesh_submit_refuses_what_could_never_run_in_one_line_and_queues_nothing
     (job,) = client.call("GET", "/v1/jobs?all=1")
     assert (job["plan"], job["cpus"], job["memory_gb"], job["tenant"], job["guaranteed"]) == (
         "dp2-tp1-pp1-ga2-gc", 8, 64.0, "teamA", True)
+    assert job["job_id"] == "1"  # the refused ones took no id
+    shown = _mesh(runtime, "show", "1").stdout
+    running = (job["exec"] or {}).get("plan")  # Rubick may choose another plan for what it allocates
+    asked = "plan asked" if running and running != job["plan"] else "plan"
+    for line in (f"{asked}: dp2-tp1-pp1-ga2-gc", "cpus: 8", "memory (GB): 64.0", "tenant: teamA"):
+        assert line in shown, shown
 
 
 # -- the plan reaches the job, and a reconfiguration between plans keeps the losses --------------------------
