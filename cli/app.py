@@ -34,7 +34,9 @@ def submit(
         help="expected iterations (the scheduler's estimate); default: the total a meshsched.job script "
              "declares (attach(total_steps=N)), else 100",
     ),  # fmt: skip
-    model: str = typer.Option("custom", "--model", help="reuse a profiled model's speed, e.g. resnet18"),
+    model: str = typer.Option(
+        "custom", "--model",
+        help="reuse a profiled model's speed, e.g. resnet18 (under rubick, sia, synergy: a plan profile, e.g. gpt2)"),
     name: str = typer.Option("", "--name", help="job name (default: the script's name)"),
     deadline: str = typer.Option("", "--deadline", help="2h / 90m / ISO date-time"),
     guaranteed: bool = typer.Option(False, "--guaranteed/--best-effort", help="performance guarantee"),
