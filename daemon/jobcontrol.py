@@ -88,11 +88,7 @@ def refuse_never_runnable(daemon, req: SubmitRequest) -> None:
                    iterations=req.iterations or DEFAULT_ITERATIONS, guaranteed=req.guaranteed, **resources(req))
     why = daemon.engine.admission_error(spec)
     if why is not None:
-        raise SubmitError(f"refused: {why.removeprefix('new: ')}")
-    why = daemon.engine.admission_error(spec)
-    if why is not None:
-        raise SubmitError(f"refused: {why.removeprefix(f'{spec.job_id}: ')}")  # an id never given out
-    return spec
+        raise SubmitError(f"refused: {why.removeprefix('new: ')}")  # an id never given out
 
 
 def _str(data: dict, key: str) -> str:

@@ -89,7 +89,7 @@ class JobRecord:
     exit_code: int | None = None  # the job's exit code once it ended (a failed rank's; 0 when completed)
     uid: int | None = None  # the user it runs as (many users, daemon/users.py); None: meshd's own user
     # resources and plan asked for (Rubick; `mesh submit --plan --cpus --mem --tenant`)
-    plan: str | None = None  # the execution plan asked for (canonical string form); MESH_PLAN until a policy changes it
+    plan: str | None = None  # the execution plan asked for (canonical form); MESH_PLAN unless a policy set one
     cpus: int | None = None  # CPU cores in all (None: the node's share per GPU)
     memory_gb: float | None = None  # host memory in all, GB
     tenant: str = "default"

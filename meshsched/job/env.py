@@ -9,6 +9,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from meshsched.perf.plans import ExecutionPlan
 
 DEFAULT_GRACE = 60.0  # seconds from a checkpoint-and-exit request to the hard stop
 DEFAULT_KEEP = 2  # checkpoints kept on disk
@@ -33,7 +37,7 @@ class MeshEnv:
     accum_steps: int | None = None  # MESH_ACCUM_STEPS: accumulation steps; micro_batch x accum_steps = local batch
     plan: str | None = None  # MESH_PLAN: the execution plan to train with (`dp2-tp1-pp1-ga2-gc`), None: none given
 
-    def execution_plan(self):
+    def execution_plan(self) -> ExecutionPlan | None:
         """MESH_PLAN parsed (meshsched.perf.plans.ExecutionPlan: dp, tp, pp, ga, gc, zero, offload), or None."""
         if self.plan is None:
             return None
