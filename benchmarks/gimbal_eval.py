@@ -5,6 +5,7 @@
                                      [--objectives jct,deadline,makespan] [--horizon drain] [--seed 1]
                                      [--policies STACK,...] [--records DIR] [--json]
     python benchmarks/gimbal_eval.py --merge RUN.json ... [--json]   # one table from several --json outputs
+    python benchmarks/gimbal_eval.py --why X.csv X+gimbal.csv [--json]  # where the difference comes from (--records)
 
 For each placement X: X alone, then X+gimbal:objective=O for each objective O (as the paper pairs them:
 Lucid with JCT, Gandiva with deadlines, Gavel with makespan; here every X gets every O). The same replay as
@@ -22,7 +23,9 @@ model it knows exactly, not what it would make of a real GPU.
 run instead of the placements x objectives product (to split a long evaluation over several processes;
 `--merge` prints their --json outputs as one table). `--records DIR` writes one CSV per stack with each job's
 record (sim/metrics.py's columns) plus what Gimbal did to it: whether it started sharing, its searches, its
-Reconfigures, its LGRR changes and its final MPS share, the file from which the README's "why" is read.
+Reconfigures, its LGRR changes and its final MPS share. `--why` reads two such files (X, then X+gimbal) and
+splits the change in mean JCT, deadlines met and makespan over the jobs Gimbal calibrated, the other jobs
+that shared a GPU in either run, and the jobs that never shared (and shows the last job to finish in each).
 """
 
 from __future__ import annotations
@@ -129,6 +132,69 @@ def merge(paths: list[str], as_json: bool) -> int:
     return 0
 
 
+def _read_records(path: str) -> dict[str, dict]:
+    with open(path, newline="") as fh:
+        return {r["job_id"]: r for r in csv.DictReader(fh)}
+
+
+def why(base_path: str, cal_path: str, as_json: bool) -> int:
+    """Where X+gimbal's difference from X comes from, job by job (two --records files)."""
+    try:
+        base, cal = _read_records(base_path), _read_records(cal_path)
+    except (OSError, KeyError, csv.Error) as exc:
+        print(f"gimbal_eval: {exc}", file=sys.stderr)
+        return 2
+    both = [k for k in base if k in cal and base[k]["jct"] and cal[k]["jct"]]
+    if not both:
+        print("gimbal_eval: no job completed in both runs", file=sys.stderr)
+        return 2
+
+    def group(k: str) -> str:
+        if int(cal[k]["reconfigures"]):
+            return "calibrated" + (" (LGRR)" if int(cal[k]["lgrr_changes"]) else " (LISS only)")
+        if int(cal[k]["shared"]) or int(base[k]["shared"]):
+            return "shared, not calibrated"
+        return "never shared"
+
+    groups: dict[str, list[str]] = {}
+    for k in both:
+        groups.setdefault(group(k), []).append(k)
+    rows = []
+    for name, keys in sorted(groups.items()):
+        jx = [float(base[k]["jct"]) for k in keys]
+        jg = [float(cal[k]["jct"]) for k in keys]
+        met = lambda recs: sum(1 for k in keys if recs[k]["deadline_met"] == "1")  # noqa: E731
+        rows.append({"group": name, "jobs": len(keys), "gpus_mean": sum(int(base[k]["gpus"]) for k in keys) / len(keys),
+                     "jct_x_h": sum(jx) / len(keys) / 3600, "jct_gimbal_h": sum(jg) / len(keys) / 3600,
+                     "share_of_mean_change_h": (sum(jg) - sum(jx)) / len(both) / 3600,
+                     "faster": sum(g < x for g, x in zip(jg, jx)), "slower": sum(g > x for g, x in zip(jg, jx)),
+                     "deadline_met_x": met(base), "deadline_met_gimbal": met(cal)})
+    last = {}
+    for label, recs in (("x", base), ("gimbal", cal)):
+        k = max((k for k in recs if recs[k]["finish_time"]), key=lambda k: float(recs[k]["finish_time"]))
+        r = recs[k]
+        last[label] = {"job_id": k, "gpus": int(r["gpus"]), "submit_h": float(r["submit_time"]) / 3600,
+                       "finish_h": float(r["finish_time"]) / 3600, "wait_h": float(r["wait_time"]) / 3600,
+                       "run_h": float(r["run_time"]) / 3600, "reconfigures": int(r.get("reconfigures") or 0)}
+    out = {"x": base_path, "gimbal": cal_path, "jobs": len(both), "groups": rows, "last_to_finish": last}
+    if as_json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{len(both)} jobs completed in both runs ({base_path} -> {cal_path})")
+    print("| jobs | n | mean GPUs | JCT X h | JCT X+gimbal h | part of the mean's change h | faster | slower "
+          "| deadlines met X | X+gimbal |")
+    print("|" + "---|" * 10)
+    for r in rows:
+        print(f"| {r['group']} | {r['jobs']} | {r['gpus_mean']:.1f} | {r['jct_x_h']:.3f} | {r['jct_gimbal_h']:.3f} "
+              f"| {r['share_of_mean_change_h']:+.3f} | {r['faster']} | {r['slower']} | {r['deadline_met_x']} "
+              f"| {r['deadline_met_gimbal']} |")
+    for label, r in last.items():
+        print(f"last to finish ({label}): job {r['job_id']}, {r['gpus']} GPUs, submitted {r['submit_h']:.1f} h, "
+              f"waited {r['wait_h']:.1f} h, ran {r['run_h']:.1f} h, finished {r['finish_h']:.1f} h, "
+              f"{r['reconfigures']} Reconfigure(s)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--window", default="729.865:740",
@@ -144,8 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=Path, help="write each stack's per-job records (CSV) into this folder")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--merge", nargs="+", metavar="RUN.json", help="print one table from gimbal_eval --json outputs")
+    ap.add_argument("--why", nargs=2, metavar=("X.csv", "XGIMBAL.csv"), help="explain a difference from --records files")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.why:
+        return why(*a.why, a.json)
     if a.merge:
         return merge(a.merge, a.json)
     from meshsched.perf import load_perf_model
