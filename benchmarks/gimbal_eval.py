@@ -199,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--window", default="729.865:740",
                     help="hours since the trace's first arrival, A:B; 'all' for the full trace")
-    ap.add_argument("--jobs", type=int, default=None, help="first N jobs (default 2000 in a window, all with --window all)")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="first N jobs (default 2000 in a window, all with --window all)")
     ap.add_argument("--load", type=float, default=1.5)
     ap.add_argument("--nodes", type=int, default=64)
     ap.add_argument("--gpus-per-node", type=int, default=8)
@@ -210,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=Path, help="write each stack's per-job records (CSV) into this folder")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--merge", nargs="+", metavar="RUN.json", help="print one table from gimbal_eval --json outputs")
-    ap.add_argument("--why", nargs=2, metavar=("X.csv", "XGIMBAL.csv"), help="explain a difference from --records files")
+    ap.add_argument("--why", nargs=2, metavar=("X.csv", "XGIMBAL.csv"),
+                    help="explain a difference from two --records files")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.why:

@@ -516,7 +516,7 @@ class NodeDaemon:
     def job_report(self, job_id: str, iterations: float, step_time: float, rank: int | None = None,
                    samples: float | None = None, forward_time: float | None = None,
                    window: float | None = None) -> None:
-        """A progress report; meshsched.job sends one per rank (rank 0's drives the engine). ReportRefused: impossible."""
+        """A progress report; meshsched.job sends one per rank (rank 0's drives the engine). Impossible: refused."""
         last = self.throughput.get(job_id, {}).get(rank) if rank is not None else None
         check_report(iterations, step_time, rank, forward_time, ReportContext(
             self.records[job_id].gpus, last and last["iterations"], last and time.time() - last["at"]))

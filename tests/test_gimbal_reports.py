@@ -60,7 +60,8 @@ def test_a_fractional_rank_is_refused_when_the_frame_is_decoded():
     body = encode_frame({"type": "report", "iterations": 3, "step_time": 0.1, "rank": 1.5})[4:]
     with pytest.raises(ProtocolError, match="rank must be an integer"):
         decode_body(body)
-    assert decode_body(encode_frame({"type": "report", "iterations": 3, "step_time": 0.1, "rank": 1.0})[4:])["rank"] == 1
+    whole = encode_frame({"type": "report", "iterations": 3, "step_time": 0.1, "rank": 1.0})[4:]
+    assert decode_body(whole)["rank"] == 1
 
 
 # -- through meshd's job socket (in-process daemon, real job processes) ------------------------------------
