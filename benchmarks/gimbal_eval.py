@@ -1,4 +1,4 @@
-"""X against X+gimbal on a Philly slice: mean JCT, deadline satisfaction, makespan, and what calibration cost.
+"""X against X+gimbal on a Philly window or the full trace: mean JCT, deadline satisfaction, makespan, calibration cost.
 
     python benchmarks/gimbal_eval.py [--window 729.865:740 | --window all] [--jobs 2000] [--load 1.5] [--nodes 64]
                                      [--gpus-per-node 8] [--placements sjf-ffs,castor,lucid]
