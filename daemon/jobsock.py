@@ -2,7 +2,8 @@
 
 The peer is identified by SO_PEERCRED when the connection is accepted, before a byte is read: its pid must
 belong to a running job's session, else it gets one error frame and is closed. A message naming another job
-is refused. A bad or oversized frame closes only that connection. A frame must arrive whole within
+is refused. A bad or oversized frame closes only that connection; a report with impossible figures
+(protocol.check_report) gets an error reply and changes nothing. A frame must arrive whole within
 FRAME_TIMEOUT once begun, a connection idle for IDLE_TIMEOUT is closed (meshsched.job reconnects), and a
 job holds at most MAX_PER_JOB connections (MAX_CONNECTIONS in all).
 """
@@ -15,7 +16,7 @@ import socket
 import struct
 from collections.abc import Awaitable, Callable
 
-from meshsched.protocol import HEADER, ProtocolError, decode_body, encode_frame, frame_length
+from meshsched.protocol import HEADER, ProtocolError, ReportRefused, decode_body, encode_frame, frame_length
 
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
 FRAME_TIMEOUT = 10.0  # seconds for the rest of a frame once its first byte arrived
@@ -94,8 +95,13 @@ async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamW
             daemon.job_hello(job_id, bool(msg.get("sdk")), msg.get("steps"))
         elif kind == "report":
             extra = {k: float(msg[k]) for k in ("samples", "forward_time", "window") if k in msg}
-            daemon.job_report(job_id, float(msg["iterations"]), float(msg["step_time"]),
-                              rank=int(msg["rank"]) if "rank" in msg else None, **extra)
+            try:
+                daemon.job_report(job_id, float(msg["iterations"]), float(msg["step_time"]),
+                                  rank=int(msg["rank"]) if "rank" in msg else None, **extra)
+            except ReportRefused as exc:  # impossible figures: said to the rank, nothing recorded, connection kept
+                await asyncio.wait_for(_reply(writer, {"type": "error", "error": str(exc), "job_id": job_id}),
+                                       FRAME_TIMEOUT)
+                continue
         elif kind == "checkpoint":
             daemon.job_checkpoint(job_id, float(msg["iterations"]))
         seq = msg.get("seq")  # echoed only when it is a small int or string

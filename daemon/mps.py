@@ -3,7 +3,7 @@
 `RealMps` starts `nvidia-cuda-mps-control -d` per GPU with CUDA_VISIBLE_DEVICES, CUDA_MPS_PIPE_DIRECTORY
 and CUDA_MPS_LOG_DIRECTORY of that GPU, gives each worker the environment of its GPU's server (pipe dir,
 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), sends `terminate_client` before any
-signal, and `quit` on close. `NoMps` is used with fake GPUs (and when MPS is off in the config).
+signal, and `quit` on close. `NoMps` is used when MPS is off in the config (the default).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class RealMps:
 
 
 def open_mps(config, gpus) -> MpsManager:
-    """Real MPS only for NVML GPUs with use_mps on; otherwise none."""
-    if config.use_mps and gpus.kind == "nvml":
+    """Real MPS when use_mps is on (with fake GPUs too: a stand-in control tool on PATH, as the tests do); else none."""
+    if config.use_mps:
         return RealMps(config.runtime_dir / "mps", [g.index for g in gpus.inventory()])
     return NoMps()

@@ -40,7 +40,7 @@ from meshsched.estimate import ProfileEstimator
 from meshsched.executor import check_handlers, dispatch
 from meshsched.perf.loader import installed_handle
 from meshsched.policies.registry import make_policy, needs_models
-from meshsched.protocol import DEFAULT_ITERATIONS, PREEMPTED_EXIT_CODE, SubmitRequest
+from meshsched.protocol import DEFAULT_ITERATIONS, PREEMPTED_EXIT_CODE, ReportContext, SubmitRequest, check_report
 from meshsched.state import ExecConfig, JobSpec, JobState, NodeSpec
 
 LOG = logging.getLogger("meshd")
@@ -633,7 +633,10 @@ class NodeDaemon:
     def job_report(self, job_id: str, iterations: float, step_time: float, rank: int | None = None,
                    samples: float | None = None, forward_time: float | None = None,
                    window: float | None = None) -> None:
-        """A progress report; meshsched.job sends one per rank (rank 0's drives the engine)."""
+        """A progress report; meshsched.job sends one per rank (rank 0's drives the engine). Impossible: refused."""
+        last = self.throughput.get(job_id, {}).get(rank) if rank is not None else None
+        check_report(iterations, step_time, rank, forward_time, ReportContext(
+            self.records[job_id].gpus, last and last["iterations"], last and time.time() - last["at"]))
         if rank is not None:
             self.throughput.setdefault(job_id, {})[rank] = {
                 "iterations": iterations, "step_time": step_time, "forward_time": forward_time or 0.0,

@@ -64,6 +64,8 @@ def decode_body(body: bytes, allowed: tuple[str, ...] = MESSAGE_TYPES) -> dict[s
             for key in ("rank", "samples", "forward_time", "window"):  # optional, sent by meshsched.job
                 if key in msg:
                     _number(msg, key, minimum=0.0)
+            if "rank" in msg and msg["rank"] != int(msg["rank"]):
+                raise ProtocolError(f"report: rank must be an integer, got {msg['rank']!r}")
     if kind == "hello" and "steps" in msg:  # optional: the script's total steps (meshsched.job's attach)
         steps = msg["steps"]
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -112,6 +114,56 @@ def _number(msg: dict[str, Any], key: str, minimum: float) -> float:
     if value < minimum:
         raise ProtocolError(f"{msg.get('type')}: {key} must be >= {minimum}")
     return float(value)
+
+
+class ReportRefused(ProtocolError):
+    """A well-formed report whose figures cannot be true: answered with an error reply, nothing recorded."""
+
+
+REPORT_SLACK_S = 1.0  # seconds of delivery jitter allowed between two reports of one rank
+
+
+@dataclass(frozen=True, slots=True)
+class ReportContext:
+    """What meshd knows of the reporting rank when its report arrives: the job's world size and, when this
+    rank already reported in this run, that report's step count and the seconds since it arrived."""
+
+    world_size: int
+    last_iterations: float | None = None
+    elapsed_s: float | None = None
+
+
+def check_report(iterations: float, step_time: float, rank: float | None, forward_time: float | None,
+                 ctx: ReportContext) -> None:
+    """Refuse (ReportRefused) a report with impossible figures: a step count or time that is negative or not
+    finite, a forward pass longer than its step, a rank outside the job, a step count going backwards, or one
+    from the future: more steps since the rank's last report than the time since then allows at the step time
+    it reports (n x step_time > 2 x (elapsed + step_time) + REPORT_SLACK_S; the steps of a flush may have begun
+    before the previous one, hence the step_time and the factor 2). A rank's first report in a run has no
+    previous one to compare with: only its own figures are checked. Calibration must not move on a refusal."""
+
+    def refuse(why: str) -> None:
+        raise ReportRefused(f"report refused: {why}")
+
+    for key, value in (("iterations", iterations), ("step_time", step_time), ("forward_time", forward_time)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value < 0):
+            refuse(f"{key} must be a finite number >= 0, got {value!r}")
+    if forward_time is not None and forward_time > step_time:
+        refuse(f"forward_time {forward_time:g} s is longer than the whole step ({step_time:g} s)")
+    if rank is not None:
+        if isinstance(rank, bool) or not isinstance(rank, (int, float)) or rank != int(rank):
+            refuse(f"rank must be an integer, got {rank!r}")
+        if not 0 <= rank < ctx.world_size:
+            refuse(f"rank {int(rank)} is outside the job (ranks 0..{ctx.world_size - 1})")
+    if ctx.last_iterations is None:
+        return
+    if iterations < ctx.last_iterations:
+        refuse(f"step {iterations:g} goes back from the {ctx.last_iterations:g} reported before")
+    elapsed = max(0.0, ctx.elapsed_s or 0.0)
+    if (iterations - ctx.last_iterations) * step_time > 2.0 * (elapsed + step_time) + REPORT_SLACK_S:
+        refuse(f"step {iterations:g} is from the future: {iterations - ctx.last_iterations:g} steps of "
+               f"{step_time:g} s in {elapsed:.1f} s since the last report")
 
 
 # ----------------------------------------------------------------------------- HTTP API

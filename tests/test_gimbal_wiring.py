@@ -153,6 +153,22 @@ def test_a_reported_straggler_gets_fewer_samples():
     assert not eng.handle(ev.RankReport("rr2", "a", (0.4, 0.6)), 130.0)
 
 
+def test_a_straggler_reported_right_after_a_search_is_calibrated_after_five_steps():
+    """The collection window is 60 s or 5 steps, whichever comes first (section 5.2). Fails before: meshd's first
+    progress report ran a search without per-rank figures, and the straggler they then showed waited 60 s."""
+    eng = Engine(make_policy("sjf+gimbal"), ProfileEstimator(PERF))
+    eng.handle(ev.NodeJoined("j", NodeSpec("n0", 2, "v100", PERF.gpu_memory_mb("v100"))), 0.0)
+    eng.handle(ev.JobSubmitted("sa", JobSpec("a", 2, "resnet50", 128, 50_000)), 0.0)
+    eng.handle(ev.JobStarted("la", "a"), 10.0)
+    assert not [a for a in eng.handle(ev.IterationReport("r1", "a", 1.0, 0.5), 11.0) if isinstance(a, Reconfigure)]
+    assert eng.state.jobs["a"].calibration.searches == 0  # alone, nothing measured: searched, nothing to change
+    assert not eng.handle(ev.RankReport("rr1", "a", (0.4, 0.6)), 11.5)  # no step since: still collecting
+    assert not eng.handle(ev.IterationReport("r2", "a", 5.0, 0.5), 13.0)  # 4 steps
+    (rec,) = [a for a in eng.handle(ev.IterationReport("r3", "a", 6.0, 0.5), 13.5) if isinstance(a, Reconfigure)]
+    lb = rec.exec.local_batches
+    assert lb is not None and lb[1] < lb[0] and not rec.restart  # 5 steps, 2.5 s after the first search
+
+
 # -- the simulator ---------------------------------------------------------------------------------------
 
 

@@ -28,8 +28,8 @@ Readings and limits:
   (`switch`, default the paper's 3.6 s); otherwise only LISS is applied where it gains.
 - Memory across calls lives in the engine (`Job.calibration`, a `CalibrationMemo` carried by the decisions):
   without per-rank reports the search reruns only when the packing set changes; with reports, at most once per
-  collection window (60 s, section 5.2) and not while a change is still being applied (its effect is not in
-  the reports yet). With reports a step must gain more than the measurement noise (5%) to count.
+  collection window (60 s or 5 of the job's steps, whichever comes first: section 5.2) and not while a change is
+  still being applied (its effect is not in the reports yet). With reports a step must gain more than the measurement noise (5%) to count.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from meshsched.perf.mps_share import MpsShareModel, Partner
 from meshsched.policies.base import ClusterView, Reconfigure
 from meshsched.policies.gimbal import (
     COLLECT_MAX_S,
+    COLLECT_MAX_STEPS,
     LGRR_SWITCH_S,
     MPS_MAX,
     STRAGGLER_TOLERANCE,
@@ -103,7 +104,7 @@ class GimbalCalibration:
         sig = tuple((j.job_id, j.gpus) for j in members)
         measured = {j.job_id for j in members if _reports(j)}
         memo = job.calibration
-        if memo is not None and memo.packing == sig and (not measured or now - memo.at < COLLECT_MAX_S):
+        if memo is not None and memo.packing == sig and (not measured or not _collected(job, memo, now)):
             return []
         if measured and any(j.exec_pending is not None for j in members):
             return []  # a change is still being applied: its effect is not measured yet (the next report retries)
@@ -304,6 +305,12 @@ def _done(j: Job, now: float) -> float:
     if m is not None and m.step_s > 0 and m.at >= max(j.progress_time, j.since):
         return min(float(j.spec.iterations), m.done + (now - m.at) / m.step_s)
     return j.iterations_at(now)
+
+
+def _collected(j: Job, memo: CalibrationMemo, now: float) -> bool:
+    """Whether the runtime information for a new step is in: 60 s or 5 of the job's steps since its last search,
+    whichever comes first (section 5.2)."""
+    return now - memo.at >= COLLECT_MAX_S or _done(j, now) - memo.done >= COLLECT_MAX_STEPS
 
 
 def _mps_changed(a: Calibration, b: Calibration) -> bool:
