@@ -45,6 +45,7 @@ from meshsched.state import ExecConfig, JobSpec, JobState, NodeSpec
 
 LOG = logging.getLogger("meshd")
 HOLDING = {s.value for s in JobState if s.holds_gpus}
+REPORT_GAP = 5.0  # (mesh) seconds between a job's progress reports in the log (they reach every node)
 TERMINAL = {s.value for s in JobState if s.is_terminal}
 _VIEW_FIELDS = tuple(f.name for f in fields(JobRecord) if f.name != "env")  # the API's job view
 
@@ -93,6 +94,7 @@ class NodeDaemon:
         self.mesh = None  # a MeshLink under the etcd coordinator: the engine follows the mesh's log
         self._runs: dict[str, int] = {}  # job -> the launch count its local ranks were started with
         self._pending_outcomes: list[tuple[str, Outcome, bool]] = []  # (mesh) exits found at start
+        self._reported: dict[str, float] = {}  # (mesh) job -> when its last progress report was proposed
         self.control = JobControl(self)  # arrays, dependencies, time limits, hold/release/requeue, --wait
 
     # ---------------------------------------------------------------- lifecycle
@@ -498,6 +500,7 @@ class NodeDaemon:
     def _forget_run(self, job_id: str) -> None:
         """Drop what belonged to the job's last run (directives, throughput, the preemption timer)."""
         self.sdk_jobs.discard(job_id)
+        self._reported.pop(job_id, None)
         self.directives.pop(job_id, None)
         self.throughput.pop(job_id, None)
         timer = self._preempt_timers.pop(job_id, None)
@@ -643,6 +646,11 @@ class NodeDaemon:
                 "samples_per_second": (samples or 0.0) / window if window else 0.0, "at": time.time(),
             }
         if not rank:
+            if self.mesh is not None:  # every report is a log entry on every node: at most one per REPORT_GAP
+                now = time.time()
+                if now - self._reported.get(job_id, -REPORT_GAP) < REPORT_GAP:
+                    return
+                self._reported[job_id] = now
             self._input(ev.IterationReport(self._sid("report"), job_id, iterations, step_time), self._runs.get(job_id))
             ranks = self.throughput.get(job_id, {})
             if rank is not None and len(ranks) == self.records[job_id].gpus > 1:  # every rank has reported

@@ -265,3 +265,24 @@ def test_a_job_on_a_dead_server_resumes_from_its_checkpoint_on_another(mesh, tmp
     first, second = (int(x) for x in starts.read_text().split())
     assert first == 0 and second >= 5  # resumed, not started over
     assert next(j["node"] for j in mesh.client(alive).call("GET", "/v1/jobs") if j["job_id"] == job) != where
+
+
+def test_progress_reports_reach_the_log_at_most_once_per_gap(tmp_path):
+    """Every report is an entry each node applies: a job reporting every step must not flood the log."""
+    from types import SimpleNamespace
+
+    from meshsched.daemon.journal import JobRecord
+    from meshsched.daemon.node import REPORT_GAP, NodeDaemon
+    from test_daemon_helpers import make_config
+
+    proposed = []
+    d = NodeDaemon(make_config(tmp_path / "s", tmp_path / "r"))
+    d.mesh = SimpleNamespace(propose=lambda event, run=None, record=None: proposed.append(event))
+    d.records["n1.1"] = JobRecord(job_id="n1.1", seq=1, gpus=1, model="m", batch_size=8, iterations=100,
+                                  submit_time=0.0, name="x", user="u", deadline=None, guaranteed=False, command=["x"],
+                                  cwd="/", env={}, job_dir=str(tmp_path / "j"))
+    for step in range(1, 21):
+        d.job_report("n1.1", float(step), 0.01, rank=0)
+    assert [type(e).__name__ for e in proposed] == ["IterationReport"] and REPORT_GAP >= 1
+    d.job_checkpoint("n1.1", 20.0)  # never thinned
+    assert type(proposed[-1]).__name__ == "CheckpointSaved"
