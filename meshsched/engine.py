@@ -8,6 +8,7 @@ Nothing here reads a clock or does I/O: `now` is passed in.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -142,7 +143,8 @@ class Engine:
         if job.reason:
             return job.reason
         pos = bisect.bisect_left(self._queue, self._qkey[job_id])
-        ahead = any(self.state.jobs[j].spec.gpus <= self.state.total_gpus for _, _, j in self._queue[:pos])
+        ahead = any(self.state.jobs[j].spec.gpus <= self.state.total_gpus
+                    for _, _, j in itertools.islice(self._queue, pos))  # no copy of the queue's head per job
         return "Priority" if ahead else "Resources"
 
     def explain(self, job_id: str) -> list[LogEntry]:
