@@ -50,6 +50,7 @@ from meshsched.state import ClusterState, ExecConfig, Job
 # On a release, at most this many queued jobs (the first in SJF order that do not fit on free GPUs) get the
 # sharing search; the rest had theirs when they arrived and get it again as they move up the queue.
 # A bound on the pass's cost under a backlog of thousands (castor.txt searches every pending job).
+_CHUNK = 1 << 14  # array elements per block of jobs judged together (a block's temporaries stay in the CPU cache)
 SHARE_SEARCH_DEPTH = 64  # combined busy fraction of the pair; documented assumption (see `utilisation`)
 
 
@@ -644,36 +645,42 @@ class Castor(SharingScheduler):
             return
         kt.fill(self, set(kids))
         k = np.array(kids)
-        rows = max(rows)
         xid = np.array(kt.xi_of)[k]
         gidx, code = tab.occ.host_group, tab.code
-        xa = kt.xa[xid[:, None, None], np.arange(rows)[:, None], gidx]  # (jobs, sub-batches, hosts)
-        xb = kt.xb[xid[:, None, None], np.arange(rows)[:, None], gidx]
-        masked = np.isnan(xa)
-        off = ~kt.profiled[k][:, code]  # hosts of a type B has no profile on cannot take it
-        if off.any():
-            masked |= off[:, None, :]
-        if len(kt.types) == 1:
-            t_b, t_b_alone = kt.tb[k, :rows, :], kt.tb[k, :1, 0]
-        else:
-            t_b, t_b_alone = kt.tb[k, :rows][:, :, code], kt.tb[k, 0][:, code]
         i_b = np.array(i_bs)[:, None]
-        sums = self._pair_sums(tab, xa, xb, t_b, i_b[:, :, None], masked)
-        with np.errstate(invalid="ignore"):
-            best = np.where(tab.alive, (sums[:, 0, :] if rows == 1 else sums.min(axis=1)) / 2, np.inf)
-            wait = (tab.end_a + np.array(start_b)[:, None] + t_b_alone * i_b) / 2
-            feasible = np.isfinite(best)
-            pays = feasible & (best < wait)
-        any_f, any_p = feasible.any(axis=1), pays.any(axis=1)
-        low = np.where(feasible, best, np.inf).argmin(axis=1).tolist()
-        count = feasible.sum(axis=1).tolist()
-        m = 0
-        for j in jobs:
-            if j.job_id in judged:
-                continue
-            judged[j.job_id] = _Judgement(kt, kids[m], m, i_bs[m], start_b[m], xa, xb, sums, best[m], wait[m],
-                                          tab.claims, pays[m] if any_p[m] else None, low[m], count[m]) if any_f[m] else None
-            m += 1
+        m, n = 0, len(kids)
+        step = max(1, _CHUNK // (max(rows) * max(1, len(gidx))))  # jobs per block of arrays that stays in cache
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            r = max(rows[lo:hi])
+            kc = k[lo:hi]
+            xa = np.take(kt.xa[xid[lo:hi], :r], gidx, axis=2)  # (jobs, sub-batches, hosts)
+            xb = np.take(kt.xb[xid[lo:hi], :r], gidx, axis=2)
+            masked = np.isnan(xa)
+            off = ~kt.profiled[kc][:, code]  # hosts of a type B has no profile on cannot take it
+            if off.any():
+                masked |= off[:, None, :]
+            if len(kt.types) == 1:
+                t_b, t_b_alone = kt.tb[kc, :r, :], kt.tb[kc, :1, 0]
+            else:
+                t_b, t_b_alone = kt.tb[kc, :r][:, :, code], kt.tb[kc, 0][:, code]
+            ib = i_b[lo:hi]
+            sums = self._pair_sums(tab, xa, xb, t_b, ib[:, :, None], masked)
+            with np.errstate(invalid="ignore"):
+                best = np.where(tab.alive, (sums[:, 0, :] if r == 1 else sums.min(axis=1)) / 2, np.inf)
+                wait = (tab.end_a + np.array(start_b[lo:hi])[:, None] + t_b_alone * ib) / 2
+                feasible = np.isfinite(best)
+                pays = feasible & (best < wait)
+            any_f, any_p = feasible.any(axis=1).tolist(), pays.any(axis=1).tolist()
+            low = np.where(feasible, best, np.inf).argmin(axis=1).tolist()
+            count = feasible.sum(axis=1).tolist()
+            for c in range(hi - lo):
+                while jobs[m].job_id in judged:  # (judged above: no profile)
+                    m += 1
+                judged[jobs[m].job_id] = _Judgement(
+                    kt, kids[lo + c], c, i_bs[lo + c], start_b[lo + c], xa, xb, sums, best[c], wait[c], tab.claims,
+                    pays[c] if any_p[c] else None, low[c], count[c]) if any_f[c] else None
+                m += 1
 
     @staticmethod
     def _pair_sums(tab: _HostTable, xa, xb, t_b, i_b, masked) -> np.ndarray:
