@@ -24,10 +24,13 @@ thought further along than it is. Every sharing start is recorded in `share_log`
 the wait-instead alternative (the numerator of Castor's sharing benefit, eq. 24).
 
 Speed: the holders' arrays (`occupancy.Occupancy`) follow the state's change log instead of being rebuilt;
-Algorithm 2's per-host arrays are kept per kind of new job (model, GPUs, per-GPU batch) while the hosts are
-unchanged (`_Shape`); a release pass judges the queued jobs it may search next at once per kind (the same
-element-wise arithmetic, so the same numbers; a host taken in between only drops its column); an arrival pass
-skips to the newcomer once nothing before it can start. Decisions are those of the one-job-at-a-time search.
+xi per (new job's model and batch, sub-batch, host group) and step times per kind of new job are kept in
+stacked tables (`_Kinds`); a release pass judges the queued jobs it may search next all at once, in blocks
+whose arrays stay in the CPU cache (the same element-wise arithmetic, so the same numbers; a host taken in
+between only drops its column), with the share-or-wait flags of every job computed together; the partner
+search finds where adding partners one by one first holds the job with one count over all prefixes
+(`_holding_prefix`); an arrival pass skips to the newcomer once nothing before it can start. Decisions are
+those of the one-job-at-a-time search.
 """
 
 from __future__ import annotations
@@ -123,7 +126,7 @@ class SharingScheduler:
     share_log: dict[str, ShareRecord] = field(default_factory=dict, repr=False)
     _prefilled: set = field(default_factory=set, repr=False)
     _occ: Occupancy | None = field(default=None, repr=False)
-    _shapes: dict = field(default_factory=dict, repr=False)  # Castor: `_Shape`s for the current hosts (Lucid: by size)
+    _shapes: dict = field(default_factory=dict, repr=False)  # Lucid: hosts by size, for the current hosts
     _shapes_at: tuple | None = field(default=None, repr=False)
     _kinds: dict = field(default_factory=dict, repr=False)  # Castor: per job kind and GPU type, step times
     periodic = False
