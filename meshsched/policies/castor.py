@@ -313,17 +313,29 @@ def _holding_prefix(occ: Occupancy, free: dict[str, int], order: np.ndarray, nee
         short = need - base
         if (short <= 0).any():
             return 1
-        o = np.lexsort((when, node))
+        o = np.argsort(node * (n + 1) + when)  # by node, then by the candidate bringing the GPU
         node, when = node[o], when[o]
         rank = np.arange(len(o)) - np.searchsorted(node, node)  # place among its node's GPUs, earliest first
         hit = when[rank == short[node] - 1]
         return int(hit.min()) + 1 if len(hit) else None
-    # several whole nodes: the first prefix whose `want` fullest nodes add up to `need` (row k: k + 1 candidates)
+    # several whole nodes: the first prefix whose `want` fullest nodes add up to `need` (binary search: the
+    # total only grows with the prefix)
     want = -(-need // node_size)
-    counts = np.bincount(when * width + node, minlength=n * width).reshape(n, width).cumsum(axis=0) + base
-    top = counts.sum(axis=1) if want >= width else np.partition(counts, width - want, axis=1)[:, width - want:].sum(axis=1)
-    ok = np.flatnonzero(top >= need)
-    return int(ok[0]) + 1 if len(ok) else None
+
+    def holds(k: int) -> bool:
+        counts = base + np.bincount(node[when < k], minlength=width)
+        return int(counts.sum() if want >= width else np.partition(counts, width - want)[width - want:].sum()) >= need
+
+    if not holds(n):
+        return None
+    lo, hi = 1, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 class _Spot:
