@@ -42,6 +42,8 @@ def main() -> None:
         print(f"trace {trace.name}: {len(trace.jobs)} jobs at load {args.load:g} loaded in {loaded:.2f} s")
     cluster = ClusterSpec(args.nodes, args.gpus_per_node, DEFAULT_GPU_TYPE, perf.gpu_memory_mb(DEFAULT_GPU_TYPE))
     rows = []
+    if not args.json:
+        print(f"{'policy':10s} {'wall s':>7s} {'CPU s':>7s} {'jobs/s':>7s} {'events/s':>8s} {'events':>8s} {'JCT mean h':>10s}")
     for name in args.policies.split(","):
         best = None
         for _ in range(args.repeat):
@@ -56,8 +58,8 @@ def main() -> None:
                "events_per_s": round(r.events / wall), "jct_mean_h": summarise(r, name).jct_mean_h}
         rows.append(row)
         if not args.json:
-            print(f"{name:10s} {wall:7.1f} s wall {cpu:7.1f} s cpu  {row['jobs_per_s']:7d} jobs/s  "
-                  f"{row['events_per_s']:8d} events/s  ({r.events} events)  JCT {row['jct_mean_h']:.4f} h", flush=True)
+            print(f"{name:10s} {wall:7.1f} {cpu:7.1f} {row['jobs_per_s']:7d} {row['events_per_s']:8d} {r.events:8d} "
+                  f"{row['jct_mean_h']:10.4f}", flush=True)
     if args.json:
         print(json.dumps({"trace": trace.name, "trace_load_s": round(loaded, 2), "results": rows}, indent=1))
 

@@ -392,3 +392,62 @@ def test_release_pass_judging_ahead_changes_no_decision(monkeypatch):
     alone, alone_shares = run()
     assert ahead_shares and ahead_shares == alone_shares
     assert ahead == alone
+
+
+class _FakeOcc:
+    """What `_holding_prefix` reads of an Occupancy: live nodes' GPUs, and which host holds each GPU alone."""
+
+    def __init__(self, nodes: int, size: int, hosts: list[list[int]]) -> None:
+        import numpy as np
+
+        self.node_gpus = np.arange(nodes * size).reshape(nodes, size)
+        self.node_row = {f"n{r}": r for r in range(nodes)}
+        self.gpu_node = np.repeat(np.arange(nodes), size)
+        self.solo_of = np.full(nodes * size, -1)
+        self.firsts = np.array([min(h) for h in hosts])
+        for h in hosts:
+            self.solo_of[h] = min(h)
+
+    def first_gpu(self, columns):
+        import numpy as np
+
+        return self.firsts[np.asarray(columns, dtype=np.int64)]
+
+
+def test_holding_prefix_is_where_the_one_by_one_search_stops():
+    """`_place` finds where adding partners one by one first holds the job with one vectorised count; it must be
+    the very prefix the one-by-one `_Spot` search stops at (or None where it never does)."""
+    import numpy as np
+
+    from meshsched.policies.castor import _holding_prefix, _Spot
+
+    rng = random.Random(5)
+    for _ in range(400):
+        nodes, size = rng.randint(1, 6), rng.choice((2, 4, 8))
+        gpus = list(range(nodes * size))
+        rng.shuffle(gpus)
+        hosts, free = [], {}
+        while gpus and rng.random() < 0.9:
+            k = min(len(gpus), rng.choice((1, 1, 2, 3, size, size + 2)))
+            hosts.append(sorted(gpus[:k]))
+            del gpus[:k]
+        for g in gpus:
+            if rng.random() < 0.3:
+                free[f"n{g // size}"] = free.get(f"n{g // size}", 0) + 1
+        if not hosts:
+            continue
+        occ = _FakeOcc(nodes, size, hosts)
+        order = np.array(rng.sample(range(len(hosts)), rng.randint(1, len(hosts))))
+        need = rng.randint(1, nodes * size)
+        pool = dict(sorted(free.items(), key=lambda kv: rng.random()))
+        spot, want = _Spot(dict(pool), need, size), None
+        for n, i in enumerate(order.tolist(), 1):
+            by_node: dict[str, int] = {}
+            for g in hosts[i]:
+                by_node[f"n{g // size}"] = by_node.get(f"n{g // size}", 0) + 1
+            for node, c in by_node.items():
+                spot.add(node, c)
+            if spot.nodes() is not None:
+                want = n
+                break
+        assert _holding_prefix(occ, pool, order, need, size) == want

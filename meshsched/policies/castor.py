@@ -24,10 +24,13 @@ thought further along than it is. Every sharing start is recorded in `share_log`
 the wait-instead alternative (the numerator of Castor's sharing benefit, eq. 24).
 
 Speed: the holders' arrays (`occupancy.Occupancy`) follow the state's change log instead of being rebuilt;
-Algorithm 2's per-host arrays are kept per kind of new job (model, GPUs, per-GPU batch) while the hosts are
-unchanged (`_Shape`); a release pass judges the queued jobs it may search next at once per kind (the same
-element-wise arithmetic, so the same numbers; a host taken in between only drops its column); an arrival pass
-skips to the newcomer once nothing before it can start. Decisions are those of the one-job-at-a-time search.
+xi per (new job's model and batch, sub-batch, host group) and step times per kind of new job are kept in
+stacked tables (`_Kinds`); a release pass judges the queued jobs it may search next all at once, in blocks
+whose arrays stay in the CPU cache (the same element-wise arithmetic, so the same numbers; a host taken in
+between only drops its column), with the share-or-wait flags of every job computed together; the partner
+search finds where adding partners one by one first holds the job with one count over all prefixes
+(`_holding_prefix`); an arrival pass skips to the newcomer once nothing before it can start. Decisions are
+those of the one-job-at-a-time search.
 """
 
 from __future__ import annotations
@@ -50,8 +53,8 @@ from meshsched.state import ClusterState, ExecConfig, Job
 # On a release, at most this many queued jobs (the first in SJF order that do not fit on free GPUs) get the
 # sharing search; the rest had theirs when they arrived and get it again as they move up the queue.
 # A bound on the pass's cost under a backlog of thousands (castor.txt searches every pending job).
+_CHUNK = 1 << 14  # array elements per block of jobs judged together (a block's temporaries stay in the CPU cache)
 SHARE_SEARCH_DEPTH = 64  # combined busy fraction of the pair; documented assumption (see `utilisation`)
-_FIRST_TRIES = 16  # partners added one by one before checking that all of them could hold the job at all
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +69,7 @@ class ShareRecord:
 class SharingPass:
     """One scheduling pass's scratch (kept in `Cycle.scratch`): what the sharing search computes once per pass."""
 
-    __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size", "shapes",
+    __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size",
                  "upcoming", "rest", "total", "lookahead", "judged", "usable")
 
     def __init__(self, state: ClusterState, cycle: Cycle) -> None:
@@ -79,7 +82,6 @@ class SharingPass:
         self.table: _HostTable | None = None
         self.forecast: _Forecast | None = None
         self.by_size: dict | None = None  # Lucid: hosts by GPU count
-        self.shapes: dict[tuple, _ShapeNow | Wait | None] = {}  # Castor: per (model, GPUs, per-GPU batch)
         # The walk of the queue (`SharingScheduler.place`): jobs looked at ahead of the walk, the rest of it,
         # how many of the next jobs a sharing search may be judged for at once (0: one at a time).
         self.upcoming: deque[Job] = deque()
@@ -124,7 +126,7 @@ class SharingScheduler:
     share_log: dict[str, ShareRecord] = field(default_factory=dict, repr=False)
     _prefilled: set = field(default_factory=set, repr=False)
     _occ: Occupancy | None = field(default=None, repr=False)
-    _shapes: dict = field(default_factory=dict, repr=False)  # Castor: `_Shape`s for the current hosts (Lucid: by size)
+    _shapes: dict = field(default_factory=dict, repr=False)  # Lucid: hosts by size, for the current hosts
     _shapes_at: tuple | None = field(default=None, repr=False)
     _kinds: dict = field(default_factory=dict, repr=False)  # Castor: per job kind and GPU type, step times
     periodic = False
@@ -292,6 +294,50 @@ def compact_nodes(pool: dict[str, int], need: int, node_size: int) -> list[str] 
     return ranked if sum(pool[n] for n in ranked) >= need else None
 
 
+def _holding_prefix(occ: Occupancy, free: dict[str, int], order: np.ndarray, need: int, node_size: int) -> int | None:
+    """How many of the candidate hosts (columns, in `order`) `_place` adds one by one, each host's single-job GPUs
+    joining `free` (GPUs per node), before `_Spot` finds nodes that hold `need` GPUs compactly (at least one: it
+    adds before it checks); None when all of them together cannot. A node's count only grows as hosts are added,
+    so this is the first prefix passing the test, found for every prefix at once."""
+    n, width = len(order), len(occ.node_gpus)
+    at = np.full(len(occ.solo_of) + 1, n, dtype=np.int64)  # by a host's first GPU: its place in `order` (n: not a
+    at[occ.first_gpu(order)] = np.arange(n)  # candidate; the last slot answers solo_of == -1, a GPU of no host)
+    when, node = at[occ.solo_of], occ.gpu_node  # per GPU: the candidate bringing it, and its live node's row
+    keep = (when < n) & (node < width)
+    when, node = when[keep], node[keep]
+    base = np.zeros(width, dtype=np.int64)
+    row = occ.node_row
+    for name, c in free.items():
+        base[row[name]] += c
+    if need <= node_size:  # one node: the first prefix bringing some node's (need - free)-th GPU
+        short = need - base
+        if (short <= 0).any():
+            return 1
+        o = np.argsort(node * (n + 1) + when)  # by node, then by the candidate bringing the GPU
+        node, when = node[o], when[o]
+        rank = np.arange(len(o)) - np.searchsorted(node, node)  # place among its node's GPUs, earliest first
+        hit = when[rank == short[node] - 1]
+        return int(hit.min()) + 1 if len(hit) else None
+    # several whole nodes: the first prefix whose `want` fullest nodes add up to `need` (binary search: the
+    # total only grows with the prefix)
+    want = -(-need // node_size)
+
+    def holds(k: int) -> bool:
+        counts = base + np.bincount(node[when < k], minlength=width)
+        return int(counts.sum() if want >= width else np.partition(counts, width - want)[width - want:].sum()) >= need
+
+    if not holds(n):
+        return None
+    lo, hi = 1, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 class _Spot:
     """`_spot` kept up to date as GPUs are added to a pool one node at a time: the same answer, without
     rescanning every node after each addition."""
@@ -350,6 +396,7 @@ class _HostTable:
         self.end_a = self.ta * self.ia  # A's end if B waits
         self.alive = self.ia > 0
         self.free_single = int(occ.host_gpus[self.alive].sum())
+        self.claims = 0  # hosts taken in this pass so far
 
     def host_type(self, i: int) -> str:
         return self.occ.type_names[self.code[i]]
@@ -358,46 +405,95 @@ class _HostTable:
         if self.alive[i]:
             self.alive[i] = False
             self.free_single -= int(self.occ.host_gpus[i])
+            self.claims += 1
 
 
-class _Shape:
-    """Algorithm 2's arrays for one kind of new job B (model, GPUs, per-GPU batch) against the hosts, kept
-    while the hosts stay the same: rows are B's sub-batches, columns the hosts. A sub-batch or host where no
-    pair fits only ever yields +inf, so none is filtered out (the answers are those of the filtered search)."""
+class _Kinds:
+    """Algorithm 2's inputs for every kind of new job B seen so far, stacked so that a pass judges all its jobs
+    with one set of array operations. Per B's (model, per-GPU batch): xi_A and xi_B at each of its sub-batches
+    next to each host group of the occupancy (`occ.groups`), NaN where the pair does not fit in memory or is
+    infeasible, filled in as groups appear (they only grow). Per kind (model, GPUs, per-GPU batch): B's solo step
+    time at each sub-batch on each GPU type, NaN without a profile. Rows are sub-batches, largest first; rows
+    past a kind's last sub-batch are NaN, so they only ever yield +inf."""
 
-    __slots__ = ("t_alone", "subs", "xa", "xb", "t_b", "t_b_alone", "ta", "ha", "hb", "nan")
+    def __init__(self, occ: Occupancy, node_size: int) -> None:
+        self.occ, self.node_size, self.types = occ, node_size, list(occ.type_names)
+        self.rows = 1
+        self.xi_ids: dict[tuple, int] = {}  # (model, per-GPU batch) -> index into xa, xb
+        self.filled: list[int] = []  # per xi id: groups filled in so far
+        self.xa = np.full((0, 1, 8), np.nan)  # (xi id, sub-batch, group), groups with spare room
+        self.xb = self.xa.copy()
+        self.ids: dict[tuple, int] = {}  # kind -> kind id
+        self.subs: list[list[int]] = []  # per kind id: its sub-batches
+        self.xi_of: list[int] = []  # per kind id: its xi id
+        self.models: list[str] = []  # per kind id: B's model
+        self.t_alone: list[dict[str, float]] = []  # per kind id: B's step time at its full batch, per profiled type
+        self.tb = np.full((0, 1, len(self.types)), np.nan)  # (kind id, sub-batch, GPU type)
+        self.profiled = np.zeros((0, len(self.types)), dtype=bool)
 
-    def __init__(self, t_alone, subs, xa, xb, nan, t_b, t_b_alone, ta) -> None:
-        self.t_alone, self.subs = t_alone, subs
-        self.xa, self.xb, self.nan, self.ta, self.t_b, self.t_b_alone = xa, xb, nan, ta, t_b, t_b_alone
-        self.ha, self.hb = ta * xa, t_b * xb
+    def fits(self, occ: Occupancy, node_size: int) -> bool:
+        return occ is self.occ and node_size == self.node_size and occ.type_names == self.types
 
+    def _pad_rows(self, rows: int) -> None:
+        if rows > self.rows:
+            def pad(a):
+                return np.concatenate([a, np.full((a.shape[0], rows - self.rows, a.shape[2]), np.nan)], axis=1)
+            self.xa, self.xb, self.tb, self.rows = pad(self.xa), pad(self.xb), pad(self.tb), rows
 
-class _ShapeNow:
-    """A `_Shape` at the pass's `now`: the hosts' remaining iterations and what depends on them."""
+    def kind(self, policy: Castor, job: Job, per_gpu: int) -> int:
+        key = (job.spec.model, job.spec.gpus, per_gpu)
+        kid = self.ids.get(key)
+        if kid is not None:
+            return kid
+        subs = sub_batches(per_gpu)
+        self._pad_rows(len(subs))
+        xkey = (job.spec.model, per_gpu)
+        xid = self.xi_ids.get(xkey)
+        if xid is None:
+            xid = self.xi_ids[xkey] = len(self.filled)
+            self.filled.append(0)
+            blank = np.full((1,) + self.xa.shape[1:], np.nan)
+            self.xa, self.xb = np.concatenate([self.xa, blank]), np.concatenate([self.xb, blank])
+        tb = np.full((1, self.rows, len(self.types)), np.nan)
+        profiled = np.zeros((1, len(self.types)), dtype=bool)
+        t_alone = {}
+        for c, t in enumerate(self.types):
+            steps = policy._steps(job, per_gpu, self.node_size, t)  # noqa: SLF001
+            if steps is not None:
+                tb[0, : len(subs), c] = [steps[b] for b in subs]
+                profiled[0, c] = True
+                t_alone[t] = steps[per_gpu]
+        kid = self.ids[key] = len(self.subs)
+        self.subs.append(subs)
+        self.xi_of.append(xid)
+        self.models.append(job.spec.model)
+        self.t_alone.append(t_alone)
+        self.tb = np.concatenate([self.tb, tb])
+        self.profiled = np.concatenate([self.profiled, profiled])
+        return kid
 
-    __slots__ = ("shape", "ia", "end_a", "ta2", "q")
-
-    def __init__(self, shape: _Shape, tab: _HostTable) -> None:
-        self.shape = shape
-        self.ia, self.end_a = tab.ia, tab.end_a
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            self.ta2 = shape.ha * self.ia  # case 2: A finishes first (eq. 20-21)
-            self.q = self.ta2 / shape.hb
-
-    def mean(self, tab: _HostTable, i_b) -> np.ndarray:
-        """The pair's mean JCT per (sub-batch, column) when B starts now (Theorem 1's kappa = 0), +inf where
-        the pair cannot share or the host is taken; `i_b` (B's remaining iterations) a number, or an array of
-        shape (jobs, 1, 1) for several jobs of this kind at once."""
-        sh = self.shape
-        ta2 = self.ta2
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            tb1 = sh.hb * i_b
-            first_b = ta2 >= tb1  # case 1: B finishes first (eq. 16-17)
-            ta1 = tb1 + sh.ta * (self.ia - tb1 / sh.ha)
-            tb2 = ta2 + sh.t_b * (i_b - self.q)
-            mean = np.where(first_b, ta1 + tb1, ta2 + tb2) / 2
-        return np.where(sh.nan | ~tab.alive, np.inf, mean)
+    def fill(self, policy: Castor, kids) -> None:
+        """Bring the xi of these kinds up to the occupancy's groups."""
+        groups = self.occ.groups
+        if len(groups) > self.xa.shape[2]:
+            more = max(len(groups), 2 * self.xa.shape[2]) - self.xa.shape[2]
+            blank = np.full(self.xa.shape[:2] + (more,), np.nan)
+            self.xa, self.xb = np.concatenate([self.xa, blank], axis=2), np.concatenate([self.xb, blank], axis=2)
+        inter = policy.interference
+        for kid in kids:
+            xid = self.xi_of[kid]
+            have = self.filled[xid]
+            if have == len(groups):
+                continue
+            model_b = self.models[kid]
+            for r, b in enumerate(self.subs[kid]):
+                for gi in range(have, len(groups)):
+                    ma, mia, gt, gmem = groups[gi]
+                    if pair_fits(ma, mia, model_b, b, gmem):
+                        x = inter.xi(ma, mia, model_b, b, gt)
+                        if x is not None:
+                            self.xa[xid, r, gi], self.xb[xid, r, gi] = x
+            self.filled[xid] = len(groups)
 
 
 class _Forecast:
@@ -431,6 +527,19 @@ class _Forecast:
         return max(frag, queue)
 
 
+class _Judgement:
+    """One queued job's sharing arithmetic in a pass (`Castor._judge`): its row in the batch's arrays, the pair's
+    best mean JCT and the wait alternative's per host, and what `_share` decides on while no host was taken."""
+
+    __slots__ = ("kinds", "kind", "row", "i_b", "start_b", "xa", "xb", "sums", "best", "wait", "claims", "pays",
+                 "low", "count")
+
+    def __init__(self, kinds, kind, row, i_b, start_b, xa, xb, sums, best, wait, claims, pays, low, count) -> None:
+        self.kinds, self.kind, self.row, self.i_b, self.start_b = kinds, kind, row, i_b, start_b
+        self.xa, self.xb, self.sums, self.best, self.wait = xa, xb, sums, best, wait
+        self.claims, self.pays, self.low, self.count = claims, pays, low, count
+
+
 @dataclass
 class Castor(SharingScheduler):
     """SJF-BSBF: share only where Algorithm 2 / Theorem 1 say the pair's mean JCT beats waiting.
@@ -443,32 +552,7 @@ class Castor(SharingScheduler):
     """
 
     name: str = "castor"
-
-    def _xi_groups(self, occ: Occupancy, model_b: str, per_gpu: int) -> tuple[list[int], np.ndarray, np.ndarray,
-                                                                                np.ndarray]:
-        """B's sub-batches (Algorithm 2's search space) and (xi_A, xi_B) of B at each of them next to each host
-        group (`occ.groups`), NaN where the pair does not fit in memory or is infeasible; kept with the
-        occupancy and extended as groups appear; and where xi_A is NaN."""
-        groups = occ.groups
-        hit = occ.xi_cache.get((model_b, per_gpu))
-        have = 0 if hit is None else hit[1].shape[1]
-        if have == len(groups):
-            return hit
-        subs = sub_batches(per_gpu)
-        xa_g = np.full((len(subs), len(groups)), np.nan)
-        xb_g = np.full((len(subs), len(groups)), np.nan)
-        if have:
-            xa_g[:, :have], xb_g[:, :have] = hit[1], hit[2]
-        inter = self.interference
-        for r, b in enumerate(subs):
-            for gi in range(have, len(groups)):
-                ma, mia, gt, gmem = groups[gi]
-                if pair_fits(ma, mia, model_b, b, gmem):
-                    x = inter.xi(ma, mia, model_b, b, gt)
-                    if x is not None:
-                        xa_g[r, gi], xb_g[r, gi] = x
-        hit = occ.xi_cache[(model_b, per_gpu)] = (subs, xa_g, xb_g, np.isnan(xa_g))
-        return hit
+    _kt: _Kinds | None = field(default=None, repr=False)
 
     def _steps(self, job: Job, per_gpu: int, node_size: int, gpu_type: str) -> dict[int, float] | None:
         """B's solo step time on `gpu_type` at each sub-batch b (with per_gpu / b accumulation steps), None
@@ -482,50 +566,6 @@ class Castor(SharingScheduler):
                 hit = None
             self._kinds[key] = hit
         return hit
-
-    def _shape(self, ps: SharingPass, job: Job, per_gpu: int) -> _ShapeNow | Wait | None:
-        key = (job.spec.model, job.spec.gpus, per_gpu)
-        hit = ps.shapes.get(key, ps)
-        if hit is not ps:
-            return hit
-        tab = ps.table
-        occ = tab.occ
-        at = (occ, occ.host_version, ps.plan.node_size)
-        if self._shapes_at != at:
-            self._shapes_at, self._shapes = at, {}
-        shape = self._shapes.get(key, ps)
-        if shape is ps:
-            shape = self._shapes[key] = self._new_shape(tab, job, per_gpu, ps.plan.node_size)
-        ps.shapes[key] = hit = _ShapeNow(shape, tab) if isinstance(shape, _Shape) else shape
-        return hit
-
-    def _new_shape(self, tab: _HostTable, job: Job, per_gpu: int, node_size: int) -> _Shape | Wait | None:
-        steps = {}
-        for t in tab.types:
-            st = self._steps(job, per_gpu, node_size, t)
-            if st is not None:
-                steps[t] = st
-        if not steps:
-            return Wait("", f"{self.name}: no profile to judge sharing; waiting for free GPUs")
-        t_alone = {t: st[per_gpu] for t, st in steps.items()}
-        occ = tab.occ
-        names = occ.type_names
-        subs, xa_g, xb_g, nan_g = self._xi_groups(occ, job.spec.model, per_gpu)
-        gidx = occ.host_group
-        xa, xb, nan = xa_g[:, gidx], xb_g[:, gidx], nan_g[:, gidx]
-        if len(t_alone) < len(tab.types):  # hosts of a type B has no profile on cannot take it
-            off = np.array([t not in t_alone for t in names], dtype=bool)[tab.code]
-            xa[:, off] = xb[:, off] = np.nan
-            nan[:, off] = True
-        # Algorithm 2 for every host at once: rows are B's sub-batches, columns the hosts (each on its GPU type).
-        t_b_types = np.array([[steps[t][b] for t in t_alone] for b in subs])
-        if len(t_alone) > 1:
-            tcol = {t: i for i, t in enumerate(t_alone)}
-            t_b = t_b_types[:, np.array([tcol.get(t, 0) for t in names], dtype=np.int64)[tab.code]]
-            t_b_alone = np.array([t_alone.get(t, np.nan) for t in names])[tab.code]
-        else:
-            t_b, t_b_alone = t_b_types[:, :1], next(iter(t_alone.values()))
-        return _Shape(t_alone, subs, xa, xb, nan, t_b, t_b_alone, tab.ta)
 
     def _share(self, view, ps, job):
         if ps.table is None:
@@ -541,43 +581,50 @@ class Castor(SharingScheduler):
             out = ps.judged[job.job_id]
         if out is None or isinstance(out, Wait):
             return out
-        now_shape, i_b, mean, best, wait, start_b = out
-        shape = now_shape.shape
-        # Hosts taken since the judgement are out; every other column's numbers stand (they are per column).
-        feasible = np.isfinite(best) & tab.alive
-        if not feasible.any():
-            return None
-        pays = feasible & (best < wait)
-        if not pays.any():
-            i = int(np.argmin(np.where(feasible, best, np.inf)))
-            return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[i]:.0f}s waiting "
-                                    f"{start_b:.0f}s vs {best[i]:.0f}s shared, best of {int(feasible.sum())} partners)")
-        # the first (largest) sub-batch among equals, as Algorithm 2's strict "<"
-        k = None if mean is None else np.argmin(mean, axis=0)
+        best, wait = out.best, out.wait
+        if out.claims == tab.claims:
+            pays, low, count = out.pays, out.low, out.count
+        else:  # hosts taken since the judgement are out; every other column's numbers stand (they are per column)
+            feasible = np.isfinite(best) & tab.alive
+            if not feasible.any():
+                return None
+            pays = feasible & (best < wait)
+            if not pays.any():
+                pays, low, count = None, int(np.argmin(np.where(feasible, best, np.inf))), int(feasible.sum())
+        if pays is None:
+            return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[low]:.0f}s waiting "
+                                    f"{out.start_b:.0f}s vs {best[low]:.0f}s shared, best of {count} partners)")
         per_gpu = max(1, job.spec.batch_size // need)
         idx = np.flatnonzero(pays)
         order = idx[np.lexsort((idx, best[idx]))]  # columns, best pair first (ties: lowest host first)
-        ta, ia, t_alone, node_size, subs = tab.ta, tab.ia, shape.t_alone, plan.node_size, shape.subs
+        ta, ia, node_size, i_b = tab.ta, tab.ia, plan.node_size, out.i_b
+        kt, j = out.kinds, out.row
+        subs, t_alone = kt.subs[out.kind], kt.t_alone[out.kind]
 
         def choice(c: int) -> BatchChoice:
-            r = 0 if k is None else int(k[c])
+            r = int(np.argmin(out.sums[j, :, c]))  # the first (largest) sub-batch among equals (Algorithm 2's "<")
             b = subs[r]
-            i = c
-            t = tab.host_type(i)
-            xa, xb = float(shape.xa[r, c]), float(shape.xb[r, c])
+            t = tab.host_type(c)
+            xa, xb = float(out.xa[j, r, c]), float(out.xb[j, r, c])
             t_b = self._step(job, t, node_size, b, per_gpu // b)
-            o = theorem1(float(ta[i]), float(ia[i]), xa, t_b, i_b, xb, t_alone[t])
+            o = theorem1(float(ta[c]), float(ia[c]), xa, t_b, i_b, xb, t_alone[t])
             return BatchChoice(True, b, per_gpu // b, xa, xb, o)
 
-        columns = order.tolist()
-        return self._place(view, ps, job, columns, columns, choice, per_gpu, t_alone)
+        return self._place(view, ps, job, order, choice, per_gpu, t_alone)
+
+    def _kind_table(self, ps: SharingPass) -> _Kinds:
+        occ, node_size = ps.table.occ, ps.plan.node_size
+        kt = self._kt
+        if kt is None or not kt.fits(occ, node_size):
+            kt = self._kt = _Kinds(occ, node_size)
+        return kt
 
     def _judge(self, view, ps: SharingPass, job: Job) -> None:
         """Algorithm 1's arithmetic for `job` and, on a release pass, for the queued jobs the walk may search
-        next (`SharingPass.lookahead`), at once per job kind: the same operations element by element, so the same
-        numbers. Each outcome: None (no host can take it), a Wait (no profile to judge), or the per-column
-        numbers `_share` decides on with the hosts still free when the job's turn comes (a host taken in
-        between only drops its own column)."""
+        next (`SharingPass.lookahead`), all at once: the same operations element by element as one job at a
+        time, so the same numbers. Each outcome: None (no host can take it), a Wait (no profile to judge), or a
+        `_Judgement` that `_share` decides on with the hosts still free when the job's turn comes (a host taken
+        in between only drops its own column)."""
         tab = ps.table
         jobs, aheads = [job], [ps.ahead]
         if ps.lookahead:
@@ -590,88 +637,120 @@ class Castor(SharingScheduler):
                         jobs.append(j)
                         aheads.append(a)
                     a += need
-        kinds: dict[tuple, list[int]] = {}
-        for n, j in enumerate(jobs):
-            kinds.setdefault((j.spec.model, j.spec.gpus, max(1, j.spec.batch_size // j.spec.gpus)), []).append(n)
         now, judged = ps.now, ps.judged
         if ps.forecast is None:
             ps.forecast = _Forecast(self._occupancy(view, ps.state), now)
         forecast = ps.forecast
-        for (_, need, per_gpu), members in kinds.items():
-            now_shape = self._shape(ps, jobs[members[0]], per_gpu)
-            if now_shape is None or isinstance(now_shape, Wait):
-                for n in members:
-                    judged[jobs[n].job_id] = None if now_shape is None else Wait(jobs[n].job_id, now_shape.reason)
+        kt = self._kind_table(ps)
+        present = np.zeros(len(kt.types), dtype=bool)
+        present[tab.code] = True  # GPU types among the hosts
+        kids, rows, i_bs, start_b = [], [], [], []
+        for n, j in enumerate(jobs):
+            kid = kt.kind(self, j, max(1, j.spec.batch_size // j.spec.gpus))
+            if not (kt.profiled[kid] & present).any():
+                judged[j.job_id] = Wait(j.job_id, f"{self.name}: no profile to judge sharing; waiting for free GPUs")
                 continue
-            shape = now_shape.shape
-            i_bs = [self._remaining_iters(jobs[n], now) for n in members]
-            mean = now_shape.mean(tab, np.array(i_bs)[:, None, None])  # (jobs, sub-batches, columns)
-            one = len(shape.subs) == 1
-            best = mean[:, 0, :] if one else mean.min(axis=1)  # (the value at argmin, NaN included)
-            any_feasible = np.isfinite(best).any(axis=1)
+            kids.append(kid)
+            rows.append(len(kt.subs[kid]))
+            i_bs.append(self._remaining_iters(j, now))
             # Waiting: A runs alone; B starts when enough GPUs are forecast free for it (`_Forecast`; Theorem 1's
             # kappa = t_A i_A assumes that is when A ends), then runs alone at its full batch.
-            start_b = [forecast.wait(need, aheads[n]) for n in members]
-            wait = (now_shape.end_a + np.array(start_b)[:, None] + shape.t_b_alone * np.array(i_bs)[:, None]) / 2
-            for m, n in enumerate(members):
-                judged[jobs[n].job_id] = ((now_shape, i_bs[m], None if one else mean[m], best[m], wait[m], start_b[m])
-                                          if any_feasible[m] else None)
+            start_b.append(forecast.wait(j.spec.gpus, aheads[n]))
+        if not kids:
+            return
+        kt.fill(self, set(kids))
+        k = np.array(kids)
+        xid = np.array(kt.xi_of)[k]
+        gidx, code = tab.occ.host_group, tab.code
+        i_b = np.array(i_bs)[:, None]
+        m, n = 0, len(kids)
+        step = max(1, _CHUNK // (max(rows) * max(1, len(gidx))))  # jobs per block of arrays that stays in cache
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            r = max(rows[lo:hi])
+            kc = k[lo:hi]
+            xa = np.take(kt.xa[xid[lo:hi], :r], gidx, axis=2)  # (jobs, sub-batches, hosts)
+            xb = np.take(kt.xb[xid[lo:hi], :r], gidx, axis=2)
+            masked = np.isnan(xa)
+            off = ~kt.profiled[kc][:, code]  # hosts of a type B has no profile on cannot take it
+            if off.any():
+                masked |= off[:, None, :]
+            if len(kt.types) == 1:
+                t_b, t_b_alone = kt.tb[kc, :r, :], kt.tb[kc, :1, 0]
+            else:
+                t_b, t_b_alone = kt.tb[kc, :r][:, :, code], kt.tb[kc, 0][:, code]
+            ib = i_b[lo:hi]
+            sums = self._pair_sums(tab, xa, xb, t_b, ib[:, :, None], masked)
+            with np.errstate(invalid="ignore"):
+                best = np.where(tab.alive, (sums[:, 0, :] if r == 1 else sums.min(axis=1)) / 2, np.inf)
+                wait = (tab.end_a + np.array(start_b[lo:hi])[:, None] + t_b_alone * ib) / 2
+                feasible = np.isfinite(best)
+                pays = feasible & (best < wait)
+            any_f, any_p = feasible.any(axis=1).tolist(), pays.any(axis=1).tolist()
+            low = np.where(feasible, best, np.inf).argmin(axis=1).tolist()
+            count = feasible.sum(axis=1).tolist()
+            for c in range(hi - lo):
+                while jobs[m].job_id in judged:  # (judged above: no profile)
+                    m += 1
+                judged[jobs[m].job_id] = _Judgement(
+                    kt, kids[lo + c], c, i_bs[lo + c], start_b[lo + c], xa, xb, sums, best[c], wait[c], tab.claims,
+                    pays[c] if any_p[c] else None, low[c], count[c]) if any_f[c] else None
+                m += 1
 
     @staticmethod
-    def _could_hold(occ: Occupancy, free: dict[str, int], hosts: list[int], need: int, node_size: int) -> bool:
-        """`_spot` over the free GPUs plus every GPU the hosts hold alone, counted per node with one bincount."""
-        mark = np.zeros(len(occ.solo_of) + 1, dtype=bool)  # the last slot answers solo_of == -1
-        mark[occ.first_gpu(hosts)] = True
-        counts = np.bincount(occ.gpu_node, weights=mark[occ.solo_of], minlength=len(occ.node_gpus) + 1)[:-1]
-        row = occ.node_row
-        for node, c in free.items():
-            counts[row[node]] += c
-        if need <= node_size:
-            return bool((counts >= need).any())
-        return float(np.sort(counts)[-(-need // node_size):].sum()) >= need
+    def _pair_sums(tab: _HostTable, xa, xb, t_b, i_b, masked) -> np.ndarray:
+        """Twice the pair's mean JCT (Theorem 1 at kappa = 0: B starts now) per (job, sub-batch, host), +inf where
+        the pair cannot share; eq. 16-17 where B finishes first, eq. 20-21 where A does."""
+        ta, ia = tab.ta, tab.ia
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            ha, hb = ta * xa, t_b * xb  # shared step times (eq. 14-15)
+            ta2 = ha * ia  # A's end when it finishes first
+            q = ta2 / hb  # B's iterations by then
+            tb1 = hb * i_b  # B's end when it finishes first
+            first_b = ta2 >= tb1
+            x = tb1 / ha
+            np.subtract(ia, x, out=x)
+            np.multiply(ta, x, out=x)
+            np.add(tb1, x, out=x)  # A's end when B finishes first
+            np.add(x, tb1, out=x)
+            y = i_b - q
+            np.multiply(t_b, y, out=y)
+            np.add(ta2, y, out=y)  # B's end when A finishes first
+            np.add(ta2, y, out=y)
+        np.copyto(y, x, where=first_b)
+        np.copyto(y, np.inf, where=masked)
+        return y
 
-    def _place(self, view, ps, job, order, columns, choice, per_gpu, t_alone):
+    def _place(self, view, ps, job, order: np.ndarray, choice, per_gpu, t_alone):
         # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds
-        # the job. All of a job's GPUs are of one type: the best candidate's. `order`: host indices,
-        # `columns`: the same candidates as `choice` numbers them.
+        # the job. All of a job's GPUs are of one type: the best candidate's. `order`: host columns.
         state, plan, need = ps.state, ps.plan, job.spec.gpus
         tab = ps.table
         occ, code = tab.occ, tab.code
         nodes = state.nodes
-        first_code = code[order[0]]
-        gpu_type = tab.host_type(order[0])
+        first = int(order[0])
+        gpu_type = tab.host_type(first)
         pool = plan.free_map()
         if len(state.gpu_types) > 1:
             pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == gpu_type}
-        free = dict(pool)
+            order = order[code[order] == code[first]]
+        tried = _holding_prefix(occ, pool, order, need, plan.node_size)
+        if tried is None:
+            return Wait(job.job_id, f"{self.name}: sharing pays with {len(order)} job(s) but their GPUs cannot "
+                                    "hold it compactly")
+        # The one-by-one search up to where it stops, for the nodes it picks (ties go by the pool's order).
         spot = _Spot(pool, need, plan.node_size)
-        shared_by_node: dict[str, list[tuple[int, Host, int, int]]] = {}
-        chosen_nodes = None
-        tried = 0
-        checked = False
-        for i, c in zip(order, columns):
-            if code[i] != first_code:
-                continue
-            if tried == _FIRST_TRIES and not checked:
-                # Adding candidates only grows the pool: if all of them cannot hold the job, no prefix can (the
-                # usual outcome for a large job under a backlog), so say so without going on one by one.
-                checked = True
-                same = [j for j in order if code[j] == first_code]
-                if not self._could_hold(occ, free, same, need, plan.node_size):
-                    tried = len(same)
-                    break
-            tried += 1
+        shared_by_node: dict[str, list[tuple[int, Host, int]]] = {}
+        for i in order[:tried].tolist():
             h = occ.host(i)
             for node, gs in h.nodes.items():
                 lst = shared_by_node.setdefault(node, [])
                 for g in gs:
-                    lst.append((g, h, i, c))
+                    lst.append((g, h, i))
                 spot.add(node, len(gs))
-            chosen_nodes = spot.nodes()
-            if chosen_nodes is not None:
-                break
+        chosen_nodes = spot.nodes()
         if chosen_nodes is None:
-            return Wait(job.job_id, f"{self.name}: sharing pays with {tried} job(s) but their GPUs cannot hold it compactly")
+            raise AssertionError(f"{job.job_id}: the first {tried} partner(s) were to hold it")
         gpus: list[int] = []
         partners: dict[str, tuple[Job, int, BatchChoice]] = {}
         free_needed: list[tuple[str, int]] = []
@@ -680,10 +759,10 @@ class Castor(SharingScheduler):
             take = min(left, pool[node])
             left -= take
             shared = shared_by_node.get(node, [])[:take]
-            for g, h, i, c in shared:
+            for g, h, i in shared:
                 gpus.append(g)
                 if h.job.job_id not in partners:
-                    partners[h.job.job_id] = (h.job, i, choice(c))
+                    partners[h.job.job_id] = (h.job, i, choice(i))
             if take > len(shared):
                 free_needed.append((node, take - len(shared)))
         if len(gpus) + sum(n for _, n in free_needed) != need or not partners:

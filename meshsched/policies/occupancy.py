@@ -34,7 +34,7 @@ class Occupancy:
     Rows of the job arrays belong to one job while it holds GPUs (freed rows are zero and referenced by no
     GPU). `hosts` (sorted by first GPU) and the arrays over them (`host_rows`, `host_gpus`, `host_group`,
     `host_code`) are re-indexed when some host changed; `host_version` counts those re-indexings. `groups` (indexed
-    by `host_group`) only grows, so per-group answers a policy caches stay valid (`xi_cache`).
+    by `host_group`) only grows, so per-group answers a policy caches stay valid.
     """
 
     def __init__(
@@ -49,7 +49,6 @@ class Occupancy:
         self._group_of = group_of
         self._group_ids: dict[tuple, int] = {}
         self.groups: list[tuple] = []
-        self.xi_cache: dict[tuple, tuple] = {}  # for the policy: per-group answers (indexed like `groups`)
         self.host_version = 0
         self._build(holding)
 
