@@ -408,6 +408,8 @@ class NodeDaemon:
             rec.end_time = now
         if not job.state.holds_gpus:  # a re-adopted PAUSING job is RUNNING to the engine: keep the flag
             rec.pausing = False
+            if self.mesh is not None and rec.supervisor_pid and not self.launcher.running(job_id):
+                rec.supervisor_pid, rec.supervisor_start = 0, ""  # its exit is in the log now
         self.control.synced(rec, job, old)
         if old != rec.state:
             self.journal.transition(job_id, now, rec.state, rec.reason)
@@ -461,8 +463,12 @@ class NodeDaemon:
     def _on_exit(self, job_id: str, outcome: Outcome) -> None:
         """A job's supervisor ended: turn its outcome into the engine event it means."""
         rec = self.records[job_id]
-        rec.supervisor_pid, rec.supervisor_start = 0, ""
+        if self.mesh is None:  # in a mesh the pid stays until the log has the exit (a restart proposes it again)
+            rec.supervisor_pid, rec.supervisor_start = 0, ""
         rec.exit_code = outcome.exit_code
+        if self.mesh is not None:  # durable now: the exit itself may wait in the outbox
+            with self.journal.batch():
+                self.journal.put(rec)
         self._forget_run(job_id)
         run = self._runs.pop(job_id, None)
         job = self.engine.state.jobs.get(job_id)
@@ -771,6 +777,10 @@ class NodeDaemon:
                     event = self._outcome_event(job_id, outcome, pausing)
                 self._input(event, job.restarts)
         self._pending_outcomes.clear()
+        for job_id, run in self._runs.items():  # adopted, but its start may have died in the outbox
+            job = state.jobs.get(job_id)
+            if job is not None and job.state is JobState.LOADING and job.restarts == run and self._rank0_here(job_id):
+                self._input(ev.JobStarted(self._sid("spawned"), job_id), run)
         for rec in self.records.values():
             if rec.job_id not in state.jobs and rec.state == "PENDING" and rec.job_id.startswith(
                     f"{self.config.node_name}."):

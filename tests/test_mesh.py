@@ -286,3 +286,24 @@ def test_progress_reports_reach_the_log_at_most_once_per_gap(tmp_path):
     assert [type(e).__name__ for e in proposed] == ["IterationReport"] and REPORT_GAP >= 1
     d.job_checkpoint("n1.1", 20.0)  # never thinned
     assert type(proposed[-1]).__name__ == "CheckpointSaved"
+
+
+@pytest.mark.slow
+def test_an_exit_that_never_reached_the_log_is_proposed_again_after_a_crash(mesh):
+    """Found by benchmarks/failover.py: a job's exit waited in its node's outbox (etcd away, or a leader not yet
+    elected) when that meshd was SIGKILLed; the journal had already forgotten the run, so the job stayed
+    RUNNING in the mesh for ever (an acknowledged job never finished)."""
+    client = mesh.client(mesh.members[0])
+    job = _submit(client, "import time; time.sleep(2)")
+    poll(lambda: _states(client).get(job) == "RUNNING", what="the job running")
+    where = next(j["node"] for j in client.call("GET", "/v1/jobs") if j["job_id"] == job)
+    node = next(n for n in mesh.members if n.name == where)
+    mesh.etcd.stop()  # its exit cannot reach the log now
+    poll(lambda: (node.state / "jobs" / job / "result.json").exists(), what="the job exited")
+    time.sleep(0.5)
+    mesh.kill(node)
+    mesh.etcd.start()
+    mesh.launch(node)
+    mesh.wait_up(node)
+    other = next(n for n in mesh.members if n is not node)
+    poll(lambda: _states(mesh.client(other)).get(job) == "COMPLETED", timeout=60, what="the exit reaches the log")
