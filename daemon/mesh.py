@@ -22,8 +22,7 @@ from collections import deque
 from dataclasses import replace
 
 from meshsched import events as ev
-from meshsched.daemon.coordinator import Coordinator, CoordinatorConfig, CoordinatorError, CoordinatorUnavailable, \
-    ChangeKind, Member, StaleTerm
+from meshsched.daemon.coordinator import Coordinator, CoordinatorConfig, CoordinatorError, ChangeKind, Member, StaleTerm
 from meshsched.daemon.eventlog import Entry, LogError, index_of, log_key
 
 LOG = logging.getLogger("meshd.mesh")

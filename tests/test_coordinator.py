@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import socket
-import subprocess
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 from aiohttp import web

@@ -22,7 +22,7 @@ from meshsched.daemon.eventlog import LOGGED, Entry, LogError
 from meshsched.daemon.etcd_local import ETCD, NO_ETCD
 from meshsched.daemon.mesh_local import LocalMesh
 from meshsched.state import Dependency, DependencyKind, ExecConfig, JobSpec, NodeSpec
-from test_daemon_helpers import poll, remove, short_dir, start_meshd
+from test_daemon_helpers import poll, remove, short_dir
 
 needs_etcd = pytest.mark.skipif(ETCD is None, reason=NO_ETCD)
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
