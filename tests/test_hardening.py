@@ -168,6 +168,7 @@ async def test_recovery_kills_what_a_dead_supervisor_left_before_requeueing(dirs
     sup = d1.records[rec.job_id].supervisor_pid
     await d1.close()
     os.kill(sup, signal.SIGKILL)  # the supervisor dies while meshd is down
+    await wait_for(lambda: not alive(sup), what="the supervisor dead")  # SIGKILL is not instant under load
     (out / "0").unlink()
     d2 = NodeDaemon(cfg)
     await d2.start()
