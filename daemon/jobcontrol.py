@@ -79,11 +79,16 @@ def resources(req: SubmitRequest) -> dict[str, Any]:
 def refuse_never_runnable(daemon, req: SubmitRequest) -> None:
     """SubmitError (answered 400; no id taken, nothing journaled) with the engine's one line on why the job could
     never run: more CPUs or memory than any node has, a plan the plan model calls infeasible, a guaranteed job
-    over its tenant's quota. A mesh that has not caught up with its log has a partial view: its leader decides."""
+    over its tenant's quota, more GPUs than the node (or mesh) has. A mesh that has not caught up with its log
+    has a partial view: its leader decides."""
     from meshsched.daemon.node import SubmitError
 
     if daemon.mesh is not None and not daemon.mesh.synced:
         return
+    total = daemon.engine.state.total_gpus
+    if req.gpus > total:
+        where = "this node has" if daemon.mesh is None else "the mesh's live nodes have"
+        raise SubmitError(f"--gpus {req.gpus}: {where} only {total} GPU(s)")
     spec = JobSpec(job_id="new", gpus=req.gpus, model=req.model, batch_size=req.batch_size,
                    iterations=req.iterations or DEFAULT_ITERATIONS, guaranteed=req.guaranteed, **resources(req))
     why = daemon.engine.admission_error(spec)
@@ -213,18 +218,13 @@ class JobControl:
     def submit(self, req: SubmitRequest, ctl: ControlRequest, user: str, uid: int | None = None) -> tuple[dict, int]:
         """One job or a whole array in one journal transaction, run as `uid` (None: meshd's user); returns
         (the answer, HTTP status)."""
-        from meshsched.daemon.node import SubmitError, _printable, _script, _spec
+        from meshsched.daemon.node import _printable, _script, _spec
         from meshsched.daemon.journal import JobRecord
 
         d = self.daemon
-        total = d.engine.state.total_gpus
-        if req.gpus > total and (d.mesh is None or d.mesh.synced):
-            where = "this node has" if d.mesh is None else "the mesh's live nodes have"
-            raise SubmitError(f"--gpus {req.gpus}: {where} only {total} GPU(s)")
         refuse_never_runnable(d, req)
         deps = self.resolve(ctl.dependency)
-        seq = d.journal.next_seq(d._id_floor)
-        head = str(seq) if d.mesh is None else f"{d.config.node_name}.{seq}"  # a mesh: unique without a leader
+        seq, head = d.new_job_id()
         array_id = head if ctl.tasks else ""
         name = req.name or _printable(Path(_script(req.command)).name[:40])
         now = time.time()

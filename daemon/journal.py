@@ -151,13 +151,14 @@ class Journal:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('next_seq', ?)", (str(seq + 1),))
         return seq
 
-    def get_meta(self, key: str) -> str | None:
-        row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return None if row is None else str(row[0])
+    def applied(self) -> int:
+        """(mesh) The last log entry whose actions this node carried out (0: none)."""
+        row = self._db.execute("SELECT value FROM meta WHERE key='mesh_applied'").fetchone()
+        return int(row[0]) if row else 0
 
-    def set_meta(self, key: str, value: str) -> None:
-        """Write a meta value (inside the caller's batch, so it commits with the records it belongs to)."""
-        self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+    def set_applied(self, index: int) -> None:
+        """Inside the batch of the records that entry changed, so both commit or neither does."""
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('mesh_applied', ?)", (str(index),))
 
     def put(self, rec: JobRecord) -> None:
         self._db.execute(

@@ -26,7 +26,6 @@ from meshsched.daemon.coordinator import Coordinator, CoordinatorConfig, Coordin
 from meshsched.daemon.eventlog import Entry, LogError, index_of, log_key
 
 LOG = logging.getLogger("meshd.mesh")
-APPLIED = "mesh_applied"  # journal meta: the log index whose actions this node has carried out
 
 
 class MeshLink:
@@ -37,7 +36,7 @@ class MeshLink:
         self.node = daemon.config.node_name
         self.node_grace = node_grace
         self.position = 0  # the engine has applied the log up to here
-        self.durable = int(daemon.journal.get_meta(APPLIED) or 0)  # actions carried out up to here (journaled)
+        self.durable = daemon.journal.applied()  # actions carried out up to here (journaled)
         self.synced = False  # the log has been replayed since this meshd started
         self.term: int | None = None
         self.leader: str | None = None

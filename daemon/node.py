@@ -225,9 +225,7 @@ class NodeDaemon:
             for job_id in dict.fromkeys(touched):
                 self._sync(job_id, now)
             if index is not None:
-                from meshsched.daemon.mesh import APPLIED
-
-                self.journal.set_meta(APPLIED, str(index))
+                self.journal.set_applied(index)
         if self.mesh is not None:
             self._stop_released(touched)
 
@@ -591,13 +589,8 @@ class NodeDaemon:
     # ---------------------------------------------------------------- requests (API and job socket)
 
     def submit(self, req: SubmitRequest, user: str) -> JobRecord:
-        total = self.engine.state.total_gpus
-        if req.gpus > total and (self.mesh is None or self.mesh.synced):
-            where = "this node has" if self.mesh is None else "the mesh's live nodes have"
-            raise SubmitError(f"--gpus {req.gpus}: {where} only {total} GPU(s)")
         refuse_never_runnable(self, req)  # one line, no id taken, nothing journaled
-        seq = self.journal.next_seq(self._id_floor)
-        job_id = str(seq) if self.mesh is None else f"{self.config.node_name}.{seq}"  # a mesh: unique without a leader
+        seq, job_id = self.new_job_id()
         rec = JobRecord(
             job_id=job_id, seq=seq, gpus=req.gpus, model=req.model, batch_size=req.batch_size,
             iterations=req.iterations or DEFAULT_ITERATIONS, iterations_given=req.iterations is not None,
@@ -612,6 +605,11 @@ class NodeDaemon:
         self.records[job_id] = rec
         self.submitted(rec, ev.JobSubmitted(self._sid("submit"), spec))
         return rec
+
+    def new_job_id(self) -> tuple[int, str]:
+        """The next sequence number and the job id it makes (in a mesh `NODE.SEQ`: unique without a leader)."""
+        seq = self.journal.next_seq(self._id_floor)
+        return seq, str(seq) if self.mesh is None else f"{self.config.node_name}.{seq}"
 
     def submitted(self, rec: JobRecord, event: ev.JobSubmitted) -> None:
         """A journaled submit reaches the engine (one server) or the mesh's leader with what nodes need to run it."""
@@ -715,19 +713,11 @@ class NodeDaemon:
         job_id = getattr(e, "job_id", None) or getattr(getattr(e, "spec", None), "job_id", None)
         if job_id is not None and job_id not in self.records:
             return self._skip(index)  # a job this log never submitted (cannot happen short of a foreign writer)
-        self._dispatching = True
-        try:
-            self._handle(e, entry.time, act, index)
-            while self._events:
-                self._handle(self._events.popleft())
-        finally:
-            self._dispatching = False
+        self._handle(e, entry.time, act, index)  # nothing queues behind it: in a mesh every input is proposed
 
     def _skip(self, index: int) -> None:
-        from meshsched.daemon.mesh import APPLIED
-
         with self.journal.batch():
-            self.journal.set_meta(APPLIED, str(index))
+            self.journal.set_applied(index)
 
     def _stop_released(self, job_ids: list[str]) -> None:
         """Ranks still running here of a job the engine no longer places here (a multi-node job whose rank 0
