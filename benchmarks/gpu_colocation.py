@@ -30,9 +30,9 @@ default TF32 settings (recorded in the JSON). Writes one JSON per part into --ou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
-import math
 import multiprocessing as mp
 import os
 import shutil
@@ -485,8 +485,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small batches and short windows (a smoke run)")
     ap.add_argument("--parts", default="memory,accum,coloc", help="comma list of memory, accum, coloc")
     ap.add_argument("--modes", default="timeslice,mps,mps50", help="colocation modes: timeslice, mps, mps50")
+    ap.add_argument("--json", action="store_true",
+                    help="progress to stderr, then every result written (file name -> its JSON) as one object on stdout")
     ap.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # logic test without a GPU
     a = ap.parse_args(argv)
+    if not a.json:
+        return _run(a, {})
+    written: dict[str, dict] = {}
+    with contextlib.redirect_stdout(sys.stderr):
+        rc = _run(a, written)
+    if rc == 0:
+        print(json.dumps(written, sort_keys=True))
+    return rc
+
+
+def _run(a: argparse.Namespace, written: dict[str, dict]) -> int:
     try:
         import torch
     except ImportError:
@@ -504,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(info), flush=True)
 
     def dump(name: str, body: dict) -> None:
-        (a.out / name).write_text(json.dumps({"env": info, "quick": a.quick, **body}, indent=1, sort_keys=True))
+        written[name] = {"env": info, "quick": a.quick, **body}
+        (a.out / name).write_text(json.dumps(written[name], indent=1, sort_keys=True))
 
     t0 = time.time()
     if "memory" in parts:

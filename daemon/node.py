@@ -561,9 +561,7 @@ class NodeDaemon:
                     if rec.cancelling:  # the cancel's kill timer died with the previous meshd
                         self._kill(Kill(rec.job_id))
                     continue
-                left = self.launcher.kill_leftovers(rec.job_id, rec.supervisor_pid)
-                if left:
-                    LOG.warning("job %s: killed %d process(es) its dead supervisor left", rec.job_id, len(left))
+                self._kill_leftovers(rec)
                 self.dispatch(adopt)
                 outcome = read_outcome(job_dir)
                 if rec.cancelling:
@@ -575,9 +573,7 @@ class NodeDaemon:
                 else:
                     outcomes.append(self._outcome_event(rec.job_id, outcome, rec.pausing))
                 continue
-            orphan = self.launcher.reap_orphan(Path(rec.job_dir), rec.job_id)
-            if orphan is not None:
-                LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
+            self._reap_orphan(rec)
             self.dispatch(ev.JobRestored(self._sid("restore"), spec, rec.restarts > 0,
                                          rec.checkpoint_iterations, rec.restarts, held))
         for event in outcomes:
@@ -730,6 +726,18 @@ class NodeDaemon:
                 LOG.info("job %s: the mesh no longer places it here; stopping its ranks", job_id)
                 self.launcher.stop(job_id, self.config.kill_grace)
 
+    def _kill_leftovers(self, rec: JobRecord) -> None:
+        """Its supervisor died while meshd was down: SIGKILL what it left (ranks, their children)."""
+        left = self.launcher.kill_leftovers(rec.job_id, rec.supervisor_pid)
+        if left:
+            LOG.warning("job %s: killed %d process(es) its dead supervisor left", rec.job_id, len(left))
+
+    def _reap_orphan(self, rec: JobRecord) -> None:
+        """meshd crashed between spawning the job and journaling the launch: SIGKILL that supervisor."""
+        orphan = self.launcher.reap_orphan(Path(rec.job_dir), rec.job_id)
+        if orphan is not None:
+            LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
+
     def _recover_local_runs(self) -> None:
         """(mesh) Before the log is replayed: every job record this node kept, and its supervisors re-adopted;
         the exits that happened while meshd was down are proposed once the log is replayed."""
@@ -739,14 +747,10 @@ class NodeDaemon:
                 if self.launcher.adopt(rec.job_id, rec.supervisor_pid, rec.supervisor_start, Path(rec.job_dir)):
                     self._runs[rec.job_id] = rec.restarts
                     continue
-                left = self.launcher.kill_leftovers(rec.job_id, rec.supervisor_pid)
-                if left:
-                    LOG.warning("job %s: killed %d process(es) its dead supervisor left", rec.job_id, len(left))
+                self._kill_leftovers(rec)
                 self._pending_outcomes.append((rec.job_id, read_outcome(Path(rec.job_dir)), rec.pausing))
             elif Path(rec.job_dir).exists():
-                orphan = self.launcher.reap_orphan(Path(rec.job_dir), rec.job_id)
-                if orphan is not None:
-                    LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
+                self._reap_orphan(rec)
 
     def mesh_synced(self) -> None:
         """(mesh) The log is replayed: join (again), report what ended meanwhile, hand over unsent submits."""
