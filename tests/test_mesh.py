@@ -147,7 +147,9 @@ def mesh():
         m.start()
         for node in m.members:
             m.wait_up(node)
-        poll(lambda: sum(n["alive"] for n in m.nodes_view(m.members[0])) == 3, what="three nodes joined")
+        # every node's engine has applied the three joins (a submit through a lagging one saw 2 GPUs: CI failed)
+        poll(lambda: all(sum(n["alive"] for n in m.nodes_view(node)) == 3 for node in m.members),
+             what="three nodes joined, as every node sees it")
         yield m
     finally:
         m.stop()
