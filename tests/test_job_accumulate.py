@@ -69,8 +69,12 @@ def _rank(rank: int, init: str, local: list[int], accum: int, out: str) -> None:
             (nn.functional.mse_loss(ddp(x[mb.indices]), y[mb.indices]) * mb.weight).backward()
     if rank == 0:
         torch.save([p.grad for p in ddp.module.parameters()], out)
-    dist.barrier()  # neither rank tears gloo down while the other still uses it (it aborted 1 run in 10)
-    dist.destroy_process_group()
+    dist.barrier()
+    # leave without gloo's C++ teardown: even after the barrier, destroy_process_group aborted one rank
+    # ("terminate called without an active exception", SIGABRT) in loaded runs; this test is about gradients
+    import os
+
+    os._exit(0)
 
 
 def test_two_ranks_unequal_batches_with_accumulation_match_the_plain_step(tmp_path):

@@ -72,8 +72,8 @@ def _rank(rank: int, init: str, ckdir: str, out: str) -> None:
             break
     Path(f"{out}.{rank}").write_text(json.dumps({"step": sess.step, "log": log}))
     sess.close()
-    dist.barrier()  # as in test_job_accumulate: no rank tears gloo down while the other still uses it
-    dist.destroy_process_group()
+    dist.barrier()
+    os._exit(0)  # as in test_job_accumulate: gloo's C++ teardown aborted a rank in loaded runs
 
 
 def test_two_ranks_stop_at_the_same_step_and_share_directives(tmp_path):
