@@ -423,10 +423,10 @@ def nodes(as_json: bool = False) -> None:
         print_json_bytes(api_json_bytes("/v1/nodes"))
         return
     data = api_call("GET", "/v1/nodes")
-    rows = [("NODE", "STATE", "GPUS", "FREE", "TYPE", "BACKEND", "POLICY", "QUEUE")] + [
+    rows = [("NODE", "STATE", "GPUS", "FREE", "TYPE", "CPUS", "MEM(GB)", "BACKEND", "POLICY", "QUEUE")] + [
         (n["name"] + (" (leader)" if n.get("leader") else ""), "up" if n["alive"] else "down", str(n["total_gpus"]),
-         str(n["free_gpus"]), n["gpus"][0]["name"] if n["gpus"] else "-", n["backend"], n["policy"],
-         str(n["queue_length"]))
+         str(n["free_gpus"]), n["gpus"][0]["name"] if n["gpus"] else "-", str(n.get("cpus", "-")),
+         f"{n['memory_gb']:g}" if "memory_gb" in n else "-", n["backend"], n["policy"], str(n["queue_length"]))
         for n in data
     ]  # fmt: skip
     _out(columns(rows))

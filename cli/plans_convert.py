@@ -3,7 +3,8 @@ profiles/plans_a800.json: model specs, the measured plans as typed rows, and the
 fitted on a seeded sample of them (the paper's protocol, Sec. 7.1). Writes files: lives outside the core.
 
 Raw format (`placements/<model>/placements.csv`): exec_plan, placement (GPUs per node, one digit per node),
-iter_time (s), forward/overlap_sync/optimize (ms, not used). exec_plan is `ga`, `gc`, `zero-dp`,
+iter_time (s), forward/overlap_sync/optimize (ms for some models, s for others; `forward` is read into
+PlanMeasurement.fwd_s for `benchmarks/plan_model.py --protocol artifact`, not written to the profile). exec_plan is `ga`, `gc`, `zero-dp`,
 `zero-offload` or a 3-digit code PP,TP,DP (read from the artifact's validation scripts, which call their
 3D model with (pp, tp, nodes, GPUs per node) for the same codes, e.g. 182 on 88 = PP1 TP8 DP2).
 """
@@ -90,15 +91,18 @@ def read_model(data: Path, model: str) -> list[PlanMeasurement]:
     path = data / "throughputs" / "morphling" / "placements" / model / "placements.csv"
     rows = []
     with path.open(encoding="utf-8-sig") as f:
-        for r in csv.DictReader(f):
-            res = Resources.parse(r["placement"], CPUS_PER_GPU)
-            t = float(r["iter_time"])
-            if t <= 0:
-                continue  # 0 = not measured / infeasible
-            plan = plan_of(model, r["exec_plan"], res.gpus)
-            if plan.gpus != res.gpus:
-                raise ValueError(f"{model}: plan {r['exec_plan']} uses {plan.gpus} GPUs, placement {r['placement']} has {res.gpus}")
-            rows.append(PlanMeasurement(plan, res, t))
+        raw = [r for r in csv.DictReader(f) if float(r["iter_time"]) > 0]  # 0 = not measured / infeasible
+    # the forward column is in ms for some models and in s for others: a forward longer than its whole
+    # iteration can only be ms (0: not measured)
+    ratios = sorted(float(r["forward"] or 0) / float(r["iter_time"]) for r in raw if float(r["forward"] or 0) > 0)
+    fwd_unit = 1e-3 if ratios and ratios[len(ratios) // 2] > 1 else 1.0
+    for r in raw:
+        res = Resources.parse(r["placement"], CPUS_PER_GPU)
+        plan = plan_of(model, r["exec_plan"], res.gpus)
+        if plan.gpus != res.gpus:
+            raise ValueError(f"{model}: plan {r['exec_plan']} uses {plan.gpus} GPUs, placement {r['placement']} has {res.gpus}")
+        fwd = float(r["forward"] or 0) * fwd_unit
+        rows.append(PlanMeasurement(plan, res, float(r["iter_time"]), fwd_s=fwd if fwd > 0 else None))
     rows.sort(key=lambda m: (m.family, m.plan, m.resources.placement))
     return rows
 

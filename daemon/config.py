@@ -24,6 +24,11 @@ Defaults (documented in docs/daemon.md):
                  mesh) and a job requeued to another node resumes from its checkpoint there
   [coordinator]  a table of its own (or MESHD_COORDINATOR_<KEY>): `local` (default) or `etcd`, see
                  docs/coordinator.md
+  node_cpus      0 = the CPUs meshd may run on (its affinity mask, else os.cpu_count()); N: the node's total
+  node_memory_gb 0 = /proc/meminfo's MemTotal (GiB); X: the node's total
+  reserved_cpus / reserved_memory_gb
+                 0 / 0: taken off those totals for the system; what is left is what jobs may ask for
+                 (`mesh nodes` shows it; a submit asking more than any node has is refused). daemon/hostres.py
   submit_users   "" (only meshd's user); "ann,bob,@gpu" or "*": those users, members of group gpu (every
                  local user) may submit, each job running as its submitter (meshd as root; daemon/users.py)
 """
@@ -85,6 +90,10 @@ class DaemonConfig:
     mesh_address: str = ""  # (mesh) where other nodes' ranks reach this node's rank 0 (default: node_name)
     checkpoint_root: Path | None = None  # jobs' checkpoints in <root>/<job id> (default: the job's own dir)
     coordinator: Any = None  # CoordinatorConfig; None: the embedded local coordinator
+    node_cpus: int = 0  # the node's CPU total (0: read from the machine at startup, daemon/hostres.py)
+    node_memory_gb: float = 0.0  # the node's memory total in GB (0: /proc/meminfo's MemTotal)
+    reserved_cpus: int = 0  # kept for the system: jobs get the total less this
+    reserved_memory_gb: float = 0.0
     submit_users: str = ""  # other local users who may submit ("a,b" or "*": every one); meshd must be root
 
     def may_submit(self, user: str) -> bool:
@@ -138,6 +147,10 @@ class DaemonConfig:
         if not (math.isfinite(self.log_max_mb) and self.log_max_mb > 0):
             raise ConfigError(f"log_max_mb must be a finite number > 0, got {self.log_max_mb!r}")
         for key in ("kill_grace", "preempt_grace", "self_preempt_backoff", "node_grace"):
+            value = getattr(self, key)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{key} must be a finite number >= 0, got {value!r}")
+        for key in ("node_cpus", "reserved_cpus", "node_memory_gb", "reserved_memory_gb"):
             value = getattr(self, key)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{key} must be a finite number >= 0, got {value!r}")

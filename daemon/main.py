@@ -27,6 +27,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kill-grace", type=float, help="seconds between SIGTERM and SIGKILL for a job")
     p.add_argument("--preempt-grace", type=float,
                    help="seconds a meshsched.job script gets to checkpoint and exit before SIGTERM (default 60)")
+    p.add_argument("--node-cpus", type=int, help="the node's CPUs (default: the ones meshd may run on)")
+    p.add_argument("--node-memory-gb", type=float, help="the node's memory in GB (default: MemTotal)")
+    p.add_argument("--reserved-cpus", type=int, help="CPUs kept for the system, not for jobs (default 0)")
+    p.add_argument("--reserved-memory-gb", type=float, help="GB of memory kept for the system (default 0)")
     return p.parse_args(argv)
 
 
@@ -52,7 +56,7 @@ def run(config: DaemonConfig) -> None:
         runner = uvloop.run
     try:
         runner(serve(config))
-    except (RuntimeError, OSError) as exc:  # another meshd holds the dirs, corrupt journal, full disk, ...
+    except (RuntimeError, OSError, ConfigError) as exc:  # another meshd holds the dirs, corrupt journal, full disk, ...
         sys.exit(f"meshd: error: {exc}")
 
 

@@ -36,6 +36,7 @@ class LocalMesh:
     ttl: int = 3
     node_grace: float = 60.0
     policy: str = "sjf"
+    cpus: tuple[int, ...] = ()  # each node's node_cpus, in order (default: the machine's, as meshd reads it)
     etcd: EtcdServer | None = None
     members: list[MeshNode] = field(default_factory=list)
 
@@ -51,6 +52,8 @@ class LocalMesh:
                 f"\n[coordinator]\nbackend = \"etcd\"\n"
                 f'endpoints = ["{self.etcd.url}"]\nttl = {self.ttl}\nloop_wait = {self.ttl / 3:g}\n'
                 f"retry_timeout = {self.ttl / 3:g}\n")
+            if i <= len(self.cpus):
+                node.config.write_text(f"node_cpus = {self.cpus[i - 1]}\n" + node.config.read_text())
             self.members.append(node)
             self.launch(node)
         return self

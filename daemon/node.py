@@ -28,6 +28,7 @@ from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigu
 from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.dirs import highest_job_dir, private_dir
 from meshsched.daemon.gpus import GpuBackend, open_backend
+from meshsched.daemon.hostres import HostResources, host_resources
 from meshsched.daemon.jobcontrol import JobControl, control_spec, refuse_never_runnable, resources
 from meshsched.daemon.journal import Journal, JobRecord
 from meshsched.daemon.launcher import Launcher, Outcome, free_port, read_outcome
@@ -71,6 +72,7 @@ class NodeDaemon:
         self.engine: Engine | None = None
         self.journal: Journal | None = None
         self.gpus: GpuBackend | None = None
+        self.host: HostResources | None = None  # the node's CPUs and memory for jobs (read at start)
         self.launcher: Launcher | None = None
         self.mps: MpsManager | None = None
         self._stack = AsyncExitStack()
@@ -115,6 +117,7 @@ class NodeDaemon:
             self._id_floor = highest_job_dir(cfg.jobs_dir) + 1
             self.journal = Journal(cfg.journal_path)
             self._stack.callback(self.journal.close)
+            self.host = host_resources(cfg)
             self.gpus = open_backend(cfg.fake_gpus, cfg.gpu_type, cfg.gpu_memory_mb)
             self._stack.callback(self.gpus.close)
             self.mps = open_mps(cfg, self.gpus)
@@ -532,15 +535,19 @@ class NodeDaemon:
 
     # ---------------------------------------------------------------- recovery
 
+    def node_spec(self, address: str = "") -> NodeSpec:
+        """This node as the engine (and, in its NodeJoined entry, every node of a mesh) accounts it."""
+        inv = self.gpus.inventory()
+        return NodeSpec(self.config.node_name, len(inv), inv[0].name, inv[0].memory_total_mb, address,
+                        self.host.cpus, self.host.memory_gb)
+
     def _recover(self) -> None:
         """Rebuild the engine from the journal; re-adopt live jobs, requeue the rest. Outcomes of jobs that
         ended while meshd was down (each may start a scheduling pass) wait until every record is back, so no
         pass sees the GPUs of a live job that is not re-adopted yet as free."""
         self._restore_memory()
-        inv = self.gpus.inventory()
-        node = NodeSpec(self.config.node_name, len(inv), inv[0].name, inv[0].memory_total_mb)
-        self.dispatch(ev.NodeJoined(self._sid("join"), node))
-        ngpus = len(inv)
+        self.dispatch(ev.NodeJoined(self._sid("join"), self.node_spec()))
+        ngpus = len(self.gpus.inventory())
         outcomes: list[ev.Event] = []
         for rec in self.journal.load():
             self.records[rec.job_id] = rec
@@ -757,10 +764,8 @@ class NodeDaemon:
         state = self.engine.state
         node = state.nodes.get(self.config.node_name)
         if node is None or not node.alive:
-            inv = self.gpus.inventory()
-            spec = NodeSpec(self.config.node_name, len(inv), inv[0].name, inv[0].memory_total_mb,
-                            self.config.mesh_address or self.config.node_name)
-            self._input(ev.NodeJoined(self._sid("join"), spec))
+            self._input(ev.NodeJoined(self._sid("join"), self.node_spec(self.config.mesh_address or
+                                                                        self.config.node_name)))
         for job_id, outcome, pausing in self._pending_outcomes:
             job = state.jobs.get(job_id)
             if job is not None and job.state.holds_gpus and self._rank0_here(job_id, running=False):
@@ -860,6 +865,7 @@ class NodeDaemon:
         out = {
             "name": self.config.node_name, "backend": self.gpus.kind, "policy": self.engine.policy.name,
             "gpus": gpus, "free_gpus": state.free_by_node.get(self.config.node_name, 0), "total_gpus": len(inv),
+            "cpus": self.host.cpus, "memory_gb": self.host.memory_gb,
             "alive": node is not None and node.alive, "mps": self.mps.kind, "queue_length": self.engine.queue_length,
             "running": sum(1 for r in self.records.values() if r.state in HOLDING),
             "uptime": time.time() - self.started_at,
@@ -880,6 +886,7 @@ class NodeDaemon:
                             "gpus": [{"index": state.gpus[g].local_index, "name": node.gpu_type,
                                       "jobs": list(state.gpus[g].jobs)} for g in node.gpus],
                             "free_gpus": state.free_by_node.get(name, 0), "total_gpus": node.size,
+                            "cpus": node.cpus, "memory_gb": node.host_memory_gb,
                             "queue_length": here["queue_length"], "leader": self.mesh.leader == name})
         return out
 

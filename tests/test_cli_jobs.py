@@ -21,6 +21,7 @@ from meshsched.cli.jobs import NOTHING_TO_CANCEL, fmt_time, parse_deadline, top_
 from meshsched.cli.main import app, main
 from meshsched.daemon.config import default_runtime_dir
 from meshsched.daemon.node import NodeDaemon
+from meshsched.daemon.hostres import machine_cpus, machine_memory_gb
 from tests.test_daemon_helpers import kill_sessions, make_config, poll, remove, short_dir
 
 # A script that declares its length through meshsched.job, then idles until told to stop.
@@ -137,8 +138,10 @@ def test_submit_ls_show_logs_cancel(served, tmp_path, mesh):
     assert r.exit_code == 0 and "[0]" in r.output and second in r.output
     nodes = json.loads(mesh("nodes", "--json").stdout)
     assert nodes[0]["total_gpus"] == 4 and nodes[0]["free_gpus"] == 0
+    assert (nodes[0]["cpus"], nodes[0]["memory_gb"]) == (machine_cpus(), machine_memory_gb())  # the machine's own
     r = mesh("nodes")
-    assert r.stdout.split()[:8] == ["NODE", "STATE", "GPUS", "FREE", "TYPE", "BACKEND", "POLICY", "QUEUE"]
+    assert r.stdout.split()[:10] == ["NODE", "STATE", "GPUS", "FREE", "TYPE", "CPUS", "MEM(GB)", "BACKEND", "POLICY",
+                                     "QUEUE"]
     assert "fake" in r.stdout
     r = mesh("cancel", second)  # a running job is COMPLETING until its processes are gone
     assert r.exit_code == 0 and ("COMPLETING" in r.output or "CANCELLED" in r.output)

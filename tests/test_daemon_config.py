@@ -1,6 +1,7 @@
 """meshd configuration layering (defaults < TOML < environment < flags) and the journal."""
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,60 @@ def test_journal_survives_reopen_and_rolls_back(tmp_path):
     assert j.history("1") == [(5.0, "PENDING", "submitted")]
     assert j.next_seq() == 3
     j.close()
+
+
+# -- the node's CPUs and memory (daemon/hostres.py) -------------------------------------------------------------
+
+
+def test_node_resources_are_the_machines_by_default(tmp_path):
+    from meshsched.daemon.hostres import host_resources, machine_cpus, machine_memory_gb
+
+    cfg = load_config(None, env={"HOME": str(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path / "run")})
+    host = host_resources(cfg)
+    assert host.cpus == machine_cpus() == len(os.sched_getaffinity(0))
+    meminfo = Path("/proc/meminfo").read_text()
+    kib = int(next(line for line in meminfo.splitlines() if line.startswith("MemTotal:")).split()[1])
+    assert host.memory_gb == machine_memory_gb() == round(kib / 2**20, 1) and host.memory_gb > 0
+    assert (host.detected_cpus, host.detected_memory_gb) == (host.cpus, host.memory_gb)
+
+
+def test_node_resources_layer_like_every_key_and_the_reserve_is_taken_off(tmp_path):
+    from meshsched.daemon.hostres import host_resources
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       65863516 kB\nMemFree:         1000 kB\n")  # 62.8 GiB
+    f = tmp_path / "meshd.toml"
+    f.write_text("[meshd]\nnode_cpus = 64\nreserved_cpus = 2\nreserved_memory_gb = 4\n")
+    cfg = load_config(f, env={"MESHD_RESERVED_CPUS": "4"}, overrides={"node_memory_gb": None})
+    host = host_resources(cfg, meminfo)
+    assert (cfg.node_cpus, cfg.reserved_cpus, cfg.reserved_memory_gb) == (64, 4, 4.0)  # env beats the file
+    assert (host.cpus, host.memory_gb, host.detected_cpus, host.detected_memory_gb) == (60, 58.8, 0, 62.8)
+    cfg = load_config(f, env={}, overrides={"node_memory_gb": 16.0, "reserved_cpus": 0})  # flags beat both
+    assert (host_resources(cfg, meminfo).cpus, host_resources(cfg, meminfo).memory_gb) == (64, 12.0)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("node_cpus = -1\n", "node_cpus must be a finite number >= 0"),
+    ("reserved_memory_gb = -2\n", "reserved_memory_gb must be"),
+    ("node_cpus = 'lots'\n", "node_cpus must be int"),
+    ("node_cpus = 4\nreserved_cpus = 4\n", "reserved_cpus 4 leaves no CPU for jobs (the node has 4)"),
+    ("node_memory_gb = 8\nreserved_memory_gb = 8\n", "reserved_memory_gb 8 leaves no memory for jobs"),
+])  # fmt: skip
+def test_bad_node_resources_are_one_line_config_errors(tmp_path, text, match):
+    from meshsched.daemon.hostres import host_resources
+
+    f = tmp_path / "meshd.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(match)):
+        host_resources(load_config(f, env={}))
+
+
+def test_unreadable_meminfo_says_which_key_to_set(tmp_path):
+    from meshsched.daemon.hostres import host_resources
+
+    cfg = load_config(None, env={"HOME": str(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path / "run")})
+    with pytest.raises(ConfigError, match="set node_memory_gb"):
+        host_resources(cfg, tmp_path / "nope")
+    (tmp_path / "odd").write_text("MemFree: 1 kB\n")
+    with pytest.raises(ConfigError, match="MemTotal"):
+        host_resources(cfg, tmp_path / "odd")

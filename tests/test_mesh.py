@@ -36,7 +36,7 @@ def test_every_logged_event_survives_the_log():
     samples = [
         ev.JobSubmitted("s", spec), ev.JobStarted("s", "j"), ev.IterationReport("s", "j", 3.0, 0.5),
         ev.JobPaused("s", "j", 7.0), ev.JobFinished("s", "j"), ev.JobFailed("s", "j", "boom", requeue=True),
-        ev.CancelRequested("s", "j"), ev.NodeJoined("s", NodeSpec("n2", 4, "v100", 16384)), ev.NodeLost("s", "n2"),
+        ev.CancelRequested("s", "j"), ev.NodeJoined("s", NodeSpec("n2", 4, "v100", 16384, "n2.lan", 40, 251.5)), ev.NodeLost("s", "n2"),
         ev.Tick("s", 3), ev.CheckpointSaved("s", "j", 5.0), ev.RankReport("s", "j", (0.1, 0.2)),
         ev.ReconfigureApplied("s", "j", ExecConfig(micro_batch=16, accumulation=2, mps_percentage=50)),
         ev.TotalDeclared("s", "j", 40), ev.HoldRequested("s", "j"), ev.ReleaseRequested("s", "j"),
@@ -142,7 +142,7 @@ dist.destroy_process_group()
 def mesh():
     if ETCD is None:
         pytest.skip(NO_ETCD)
-    m = LocalMesh(Path(tempfile.mkdtemp(prefix="mesh")), nodes=3, gpus=2, ttl=3, node_grace=4.0)
+    m = LocalMesh(Path(tempfile.mkdtemp(prefix="mesh")), nodes=3, gpus=2, ttl=3, node_grace=4.0, cpus=(3, 5, 7))
     try:
         m.start()
         for node in m.members:
@@ -150,6 +150,9 @@ def mesh():
         # every node's engine has applied the three joins (a submit through a lagging one saw 2 GPUs: CI failed)
         poll(lambda: all(sum(n["alive"] for n in m.nodes_view(node)) == 3 for node in m.members),
              what="three nodes joined, as every node sees it")
+        # each node's own CPUs and memory travel in its NodeJoined entry: every node sees the same figures
+        views = [{v["name"]: (v["cpus"], v["memory_gb"]) for v in m.nodes_view(node)} for node in m.members]
+        assert all(view == views[0] for view in views) and [views[0][f"n{i}"][0] for i in (1, 2, 3)] == [3, 5, 7]
         yield m
     finally:
         m.stop()

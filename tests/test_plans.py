@@ -3,6 +3,7 @@ and the shipped A800 profile (profiles/plans_a800.json)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -264,3 +265,27 @@ def test_conversion_is_deterministic_and_matches_the_shipped_profile(tmp_path: P
     convert(DATA, tmp_path)
     shipped = (files("meshsched.profiles") / "plans_a800.json").read_text(encoding="utf-8")
     assert (tmp_path / "plans_a800.json").read_text(encoding="utf-8") == shipped
+
+
+def test_with_measured_forward_times_the_other_six_are_fitted_and_k_fwd_is_unused() -> None:
+    """The artifact's protocol (benchmarks/plan_model.py --protocol artifact): T_fwd is each row's measured
+    forward time; a forward rate 3x the truth's is what the rows say, and the other parameters still come out."""
+    truth = PlanParams(k_fwd=0.02, k_bwd=1.8, k_sync=1.5, k_opt=0.05, k_opt_off=6.0, k_off=2.0, k_const=0.03)
+    fast = PlanProfile(SPEC, dataclasses.replace(truth, k_fwd=0.06))
+    cases = [("dp1", "1", 4), ("dp2", "2", 4), ("dp8", "44", 4), ("dp4-gc", "4", 4), ("dp4-ga2", "4", 4),
+             ("dp8-z2", "8", 4), ("dp1-z2-off", "1", 2), ("dp1-z2-off", "1", 8), ("dp4-z2-off", "4", 4),
+             ("dp1-tp2-pp2", "22", 4)]
+    rows = []
+    for a, b, c in cases:
+        plan, res = ExecutionPlan.parse(a), Resources.parse(b, c)
+        terms = iteration_terms(fast, plan, res, ENV)
+        rows.append(PlanMeasurement(plan, res, terms.total, fwd_s=terms.fwd))
+    got = fit_plan_params(SPEC, ENV, rows, measured_fwd=True)
+    for name in ("k_bwd", "k_sync", "k_opt", "k_opt_off", "k_off", "k_const"):
+        assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=0.02), name
+    prof = PlanProfile(SPEC, got)
+    r = rows[3]
+    assert iteration_terms(prof, r.plan, r.resources, ENV, r.fwd_s).total == pytest.approx(r.iter_time_s, rel=0.01)
+    assert iteration_terms(prof, r.plan, r.resources, ENV, 2 * r.fwd_s).fwd == 2 * r.fwd_s
+    with pytest.raises(ValueError, match="a row has none"):
+        fit_plan_params(SPEC, ENV, [dataclasses.replace(r, fwd_s=None) for r in rows], measured_fwd=True)

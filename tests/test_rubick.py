@@ -92,6 +92,19 @@ def test_a_job_alone_gets_the_gpus_its_curve_uses_well_and_the_best_plan_for_the
     assert launch.exec.micro_batch * want.dp * want.ga == GPT2_BATCH  # the global batch is unchanged
 
 
+def test_a_node_short_of_cpus_or_memory_for_all_its_gpus_still_runs_jobs_on_what_it_can_hold():
+    """meshd gives a node its real CPUs and memory (a small machine with fake GPUs: 2 CPUs, 23.5 GB for 4 GPUs).
+    Before: every GPU's CPU share was reserved though the node had fewer CPUs than GPUs, and a job's GPUs were
+    taken without regard to memory and then the whole allocation dropped, so nothing ever started."""
+    for cpus, memory_gb in ((2, 800.0), (48, 23.5), (2, 23.5)):
+        engine = Engine(make_policy("rubick", PolicyHandle(PERF)), ProfileEstimator(PERF), ClusterState())
+        engine.handle(ev.NodeJoined("j", NodeSpec("small", 4, "a800", 81920, cpus=cpus, memory_gb=memory_gb)), 0.0)
+        out = launches(engine.handle(ev.JobSubmitted("s", spec("a", model="bert", plan="dp1")), 0.0))
+        engine.state.validate()
+        x = out["a"].exec
+        assert x.cpus_per_gpu * x.gpus <= cpus and x.memory_gb_per_gpu * x.gpus <= memory_gb, (cpus, memory_gb, x)
+
+
 def test_a_guaranteed_job_takes_gpus_from_a_best_effort_one_and_runs_at_least_as_fast_as_asked():
     rig = Rig("rubick:quotas=A=8")
     rig.submit(spec("be"))

@@ -5,6 +5,7 @@ parallel to accumulation + activation checkpointing and back whose losses match 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -73,7 +74,8 @@ def test_the_sdk_reads_mesh_plan_and_takes_its_accumulation():
 def rubick_meshd(tmp_path):
     runtime = short_dir()
     proc, client = start_meshd(tmp_path / "state", runtime, "--fake-gpus", "4", "--policy", "rubick:quotas=teamA=2",
-                               "--node-name", "rb", env=dict(os.environ, MESHD_SYSTEMD_SCOPE="no"))
+                               "--node-name", "rb", "--node-cpus", "48", "--node-memory-gb", "800",  # the paper's
+                               env=dict(os.environ, MESHD_SYSTEMD_SCOPE="no"))  # share per GPU, whatever runs CI
     yield client, runtime
     pids = [j["supervisor_pid"] for j in client.call("GET", "/v1/jobs?all=1")]
     proc.terminate()
@@ -124,6 +126,38 @@ def test_mesh_submit_refuses_what_could_never_run_in_one_line_and_queues_nothing
     asked = "plan asked" if running and running != job["plan"] else "plan"
     for line in (f"{asked}: dp2-tp1-pp1-ga2-gc", "cpus: 8", "memory (GB): 64.0", "tenant: teamA"):
         assert line in shown, shown
+
+
+def test_a_small_node_refuses_what_its_real_cpus_and_memory_cannot_hold_and_mesh_nodes_shows_them(tmp_path):
+    """The node's figures as meshd accounts them (here configured: 6 CPUs less 2 reserved, 32 GB less 8) are what
+    a submit is checked against and what `mesh nodes` shows."""
+    runtime = short_dir()
+    env = dict(os.environ, MESHD_SYSTEMD_SCOPE="no", MESHD_NODE_CPUS="6", MESHD_RESERVED_CPUS="2")
+    proc, client = start_meshd(tmp_path / "state", runtime, "--fake-gpus", "2", "--policy", "rubick",
+                               "--node-memory-gb", "32", "--reserved-memory-gb", "8", env=env)
+    try:
+        script = tmp_path / "job.py"
+        script.write_text("pass\n")
+        for args, why in ((["--cpus", "5"], "asks for 5 CPUs over 1 GPU(s) (5 per GPU); no node has that many for "
+                                            "its share (the most a node has is 4)"),
+                          (["--mem", "25"], "asks for 25 GB of memory over 1 GPU(s)"),
+                          (["--gpus", "2", "--cpus", "6"], "the most a node has is 4")):
+            r = _mesh(runtime, "submit", str(script), "--model", "gpt2", *args)
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode != 0 and len(lines) == 1 and why in lines[0], (args, r.stderr)
+        assert client.call("GET", "/v1/jobs?all=1") == []
+        r = _mesh(runtime, "submit", str(script), "--model", "gpt2", "--cpus", "4", "--mem", "24", "--hold")
+        assert r.returncode == 0, r.stderr  # all the node has for jobs is taken
+        (node,) = json.loads(_mesh(runtime, "nodes", "--json").stdout)
+        assert (node["cpus"], node["memory_gb"], node["total_gpus"]) == (4, 24.0, 2)
+        table = _mesh(runtime, "nodes").stdout.splitlines()
+        assert table[0].split()[5:7] == ["CPUS", "MEM(GB)"] and table[1].split()[5:7] == ["4", "24"]
+    finally:
+        pids = [j["supervisor_pid"] for j in client.call("GET", "/v1/jobs?all=1")]
+        proc.terminate()
+        proc.wait(10)
+        kill_sessions(pids)
+        remove(runtime)
 
 
 # -- the plan reaches the job, and a reconfiguration between plans keeps the losses --------------------------

@@ -18,7 +18,7 @@ from meshsched.perf.plans import (
     PlanMeasurement,
     PlanParams,
     PlanProfile,
-    iteration_time,
+    iteration_terms,
 )
 
 MIN_POINTS = len(PARAM_NAMES)
@@ -41,29 +41,41 @@ STARTS: tuple[tuple[float, ...], ...] = (
 )
 
 
-def fit_plan_params(spec: ModelSpec, env: Environment, rows: Sequence[PlanMeasurement]) -> PlanParams:
-    """Least-squares fit of the seven parameters to `rows` (>= 7) of one model type."""
+def fit_plan_params(spec: ModelSpec, env: Environment, rows: Sequence[PlanMeasurement],
+                    measured_fwd: bool = False) -> PlanParams:
+    """Least-squares fit of the seven parameters to `rows` (>= 7) of one model type. `measured_fwd`: every row's
+    T_fwd is its measured `fwd_s` (the artifact's protocol) and k_fwd is not fitted (returned as its start)."""
     from scipy.optimize import least_squares
 
     if len(rows) < MIN_POINTS:
         raise ValueError(f"fitting {spec.name} needs at least {MIN_POINTS} measurements, got {len(rows)}")
+    if measured_fwd and any(r.fwd_s is None for r in rows):
+        raise ValueError(f"fitting {spec.name} with measured forward times: a row has none")
     log_measured = [math.log(r.iter_time_s) for r in rows]
+    free = list(range(1 if measured_fwd else 0, len(PARAM_NAMES)))  # k_fwd is index 0
 
-    def residuals(x: Sequence[float]) -> list[float]:
-        prof = PlanProfile(spec, PlanParams(*map(float, x)))
-        return [
-            math.log(iteration_time(prof, r.plan, r.resources, env)) - lm for r, lm in zip(rows, log_measured)
-        ]
+    def params(x: Sequence[float], x0: Sequence[float]) -> PlanParams:
+        full = list(x0)
+        for i, v in zip(free, x):
+            full[i] = float(v)
+        return PlanParams(*full)
 
     lower, upper = zip(*BOUNDS)
-    best = None
+    best, best_x0 = None, None
     for x0 in STARTS:
         start = [min(max(v, lo), hi) for v, lo, hi in zip(x0, lower, upper)]
-        res = least_squares(residuals, start, bounds=(lower, upper), x_scale="jac", method="trf")
+
+        def residuals(x: Sequence[float], start=start) -> list[float]:
+            prof = PlanProfile(spec, params(x, start))
+            return [math.log(iteration_terms(prof, r.plan, r.resources, env, r.fwd_s if measured_fwd else None).total)
+                    - lm for r, lm in zip(rows, log_measured)]
+
+        res = least_squares(residuals, [start[i] for i in free], bounds=([lower[i] for i in free],
+                            [upper[i] for i in free]), x_scale="jac", method="trf")
         if best is None or res.cost < best.cost:
-            best = res
-    assert best is not None
-    return PlanParams(*(float(v) for v in best.x))
+            best, best_x0 = res, start
+    assert best is not None and best_x0 is not None
+    return params(best.x, best_x0)
 
 
 def sample_fit_rows(rows: Sequence[PlanMeasurement], n: int, seed: int) -> list[int]:

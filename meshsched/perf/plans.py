@@ -283,8 +283,11 @@ def check_plan(spec: ModelSpec, plan: ExecutionPlan, res: Resources) -> None:
         raise InvalidPlan(f"pp{plan.pp} exceeds the {spec.layers} layers of {spec.name}")
 
 
-def iteration_terms(profile: PlanProfile, plan: ExecutionPlan, res: Resources, env: Environment) -> IterTerms:
-    """Every term of the iteration-time model for this plan and allocation (see the module doc)."""
+def iteration_terms(profile: PlanProfile, plan: ExecutionPlan, res: Resources, env: Environment,
+                    fwd_s: float | None = None) -> IterTerms:
+    """Every term of the iteration-time model for this plan and allocation (see the module doc). `fwd_s`: a
+    measured forward time of this configuration used as T_fwd instead of k_fwd's (the Rubick artifact's
+    validation protocol: it profiles the forward pass and passes it in; k_fwd is then unused)."""
     spec, k = profile.spec, profile.params
     check_plan(spec, plan, res)
     d, t, p, a = plan.dp, plan.tp, plan.pp, plan.ga
@@ -293,7 +296,7 @@ def iteration_terms(profile: PlanProfile, plan: ExecutionPlan, res: Resources, e
     span_tp, span_dp, span_pp = group_spans(plan, res.placement, env)
     act = spec.seq_len * spec.hidden * FP16  # bytes of one sample's activations at one layer boundary
 
-    fwd = k.k_fwd * per_replica * p_b / (t * p)
+    fwd = k.k_fwd * per_replica * p_b / (t * p) if fwd_s is None else fwd_s
     bwd = k.k_bwd * fwd
     recompute = fwd if plan.gc else 0.0
     tp_comm = (6 if plan.gc else 4) * (spec.layers / p) * span_tp.allreduce_s(per_replica * act, env)
@@ -413,6 +416,7 @@ class PlanMeasurement:
     resources: Resources
     iter_time_s: float
     in_fit: bool = False
+    fwd_s: float | None = None  # its measured forward time, where the raw data has one (not in the profile file)
 
     @property
     def family(self) -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from meshsched.perf.plans import ExecutionPlan, InvalidPlan, PlanPerfModel, Resources, iteration_time
 from meshsched.perf.errors import UnknownProfile
 from meshsched.policies.base import ClusterView, Cycle, Decision, Evict, Reconfigure, Start, Wait
-from meshsched.policies.rubick_curves import MIN_CPUS_PER_GPU, Ask, Curves, PlanSpace
+from meshsched.policies.rubick_curves import HOST_BASE_GB, MIN_CPUS_PER_GPU, Ask, Curves, PlanSpace
 from meshsched.state import ExecConfig, Job, JobSpec, JobState
 
 RUNNING_MARGIN = 1.25  # a running job is shrunk only for a gain this much larger than its loss (it restarts)
@@ -199,7 +199,8 @@ class _Pass:
         self.free = {n.name: [g for g in n.gpus if view.gpu_is_free(g)] for n in nodes}
         self.free_cpus = {n.name: n.cpus for n in nodes}
         self.free_mem = {n.name: n.host_memory_gb for n in nodes}
-        self.share = {n.name: max(n.cpus // n.size, MIN_CPUS_PER_GPU) for n in nodes}  # CPUs per GPU
+        # CPUs per GPU kept for a node's free GPUs (0 on a node with fewer CPUs than GPUs: none to keep)
+        self.share = {n.name: n.cpus // n.size for n in nodes}
         self.node_cpus = _node_cpus_per_gpu(view)
         self.allocs: dict[str, _Alloc] = {}
         self.before: dict[str, tuple] = {}
@@ -314,11 +315,14 @@ class _Pass:
 
     def _take_free(self, a: _Alloc, target: int) -> None:
         """Free GPUs up to `target`: the job's own nodes first, then the fullest node that holds the rest,
-        else the emptiest nodes. A GPU comes with its CPUs (the fewest, or the ask's when not tuned)."""
+        else the emptiest nodes. A GPU comes with its CPUs (the fewest, or the ask's when not tuned) and no
+        more GPUs are taken on a node than its free memory holds at the least any plan needs per GPU."""
         each = self._per_gpu_cpus(a)
         while a.count < target:
             need = target - a.count
-            usable = {n: min(len(f), self.free_cpus[n] // each) for n, f in self.free.items()}
+            usable = {n: min(len(f), self.free_cpus[n] // each,
+                             int((self.free_mem[n] + a.mem_on.get(n, 0.0)) // HOST_BASE_GB) - len(a.gpus.get(n, ())))
+                      for n, f in self.free.items()}
             usable = {n: u for n, u in usable.items() if u > 0}
             if not usable:
                 return
