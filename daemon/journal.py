@@ -125,6 +125,10 @@ class Journal:
                 "(job ids continue past the existing job directories)"
             ) from None
         self._depth = 0
+        # Write transactions ended (committed or not) and records put. Every change to a job record and every
+        # engine event goes through one, so a view of the jobs made at one count holds until the count moves
+        # (daemon/listing.py caches `mesh ls` on it).
+        self.writes = 0
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -137,10 +141,12 @@ class Journal:
         except BaseException:
             self._depth -= 1
             if self._depth == 0:
+                self.writes += 1
                 self._db.execute("ROLLBACK")
             raise
         self._depth -= 1
         if self._depth == 0:
+            self.writes += 1
             self._db.execute("COMMIT")
 
     def next_seq(self, floor: int = 1) -> int:
@@ -161,6 +167,7 @@ class Journal:
         self._db.execute("INSERT OR REPLACE INTO meta VALUES ('mesh_applied', ?)", (str(index),))
 
     def put(self, rec: JobRecord) -> None:
+        self.writes += 1
         self._db.execute(
             "INSERT OR REPLACE INTO jobs (job_id, seq, record, state) VALUES (?, ?, ?, ?)",
             (rec.job_id, rec.seq, rec.to_json(), rec.state),

@@ -114,8 +114,10 @@ def test_two_users_jobs_run_as_themselves_and_stay_private(two_users, shared_mes
             (job_dir / "logs" / "rank0.log").read_bytes()
 
     # bob sees the queue, but can neither act on ann's job nor read it
-    listed = {j["job_id"]: j["user"] for j in call(bob, sock, "GET", "/v1/jobs?brief=1")}
-    assert listed == {a["job_id"]: ann.pw_name, b["job_id"]: bob.pw_name}
+    with as_user(bob.pw_uid, bob.pw_gid):  # `mesh ls`: meshd's table
+        table = Client(sock).raw("GET", "/v1/jobs?format=table")[2].decode().splitlines()
+    assert {row.split()[0]: row.split()[2] for row in table[1:]} == {a["job_id"]: ann.pw_name, b["job_id"]: bob.pw_name}
+    assert "command" in root.call("GET", "/v1/jobs")[0]  # an operator's listing, cached: not what bob is served
     full = {j["job_id"]: j for j in call(bob, sock, "GET", "/v1/jobs")}  # `mesh ls --json`
     assert "command" not in full[a["job_id"]] and "job_dir" not in full[a["job_id"]]
     assert full[b["job_id"]]["command"][0] == "/bin/sh" and full[a["job_id"]]["state"] == "RUNNING"
