@@ -125,10 +125,12 @@ class Journal:
                 "(job ids continue past the existing job directories)"
             ) from None
         self._depth = 0
-        # Write transactions ended (committed or not) and records put. Every change to a job record and every
-        # engine event goes through one, so a view of the jobs made at one count holds until the count moves
-        # (daemon/listing.py caches `mesh ls` on it).
+        # Write transactions ended (committed or not) and records put: every change to a job record and every
+        # engine event goes through one, so a view of the jobs made at one count holds until the count moves.
+        # `stamps`: the count at each job's last put, so a view of one job holds while its stamp does and the
+        # engine's word on it (its pending reason) is the same (daemon/listing.py caches `mesh ls` on both).
         self.writes = 0
+        self.stamps: dict[str, int] = {}
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -168,6 +170,7 @@ class Journal:
 
     def put(self, rec: JobRecord) -> None:
         self.writes += 1
+        self.stamps[rec.job_id] = self.writes
         self._db.execute(
             "INSERT OR REPLACE INTO jobs (job_id, seq, record, state) VALUES (?, ?, ?, ?)",
             (rec.job_id, rec.seq, rec.to_json(), rec.state),

@@ -1,10 +1,13 @@
 """meshd's job listings: the squeue table `mesh ls` prints (rendered here, passed through by the CLI) and the job
-views `mesh ls --json` prints (encoded here), both cached between state changes.
+views `mesh ls --json` prints (encoded here), cached per job between changes.
 
-Every change to a job record and every engine event ends a journal write (`Journal.writes` counts them), so a
-job's table row or encoded view made at one count holds until the count moves; then the cache is dropped whole.
-Only the jobs whose view moves with the clock (started and not ended: TIME, done_iterations; or with throughput
-reports) are made afresh per request. A listing of 1,000 queued jobs is then one join of cached pieces.
+A job's row or encoded view depends, besides the clock, on its record and on the engine's pending reason for it.
+Every record change ends in `Journal.put`, which stamps the job with the journal's write count, and every engine
+event ends a journal write; so while the write count has not moved every cached piece holds, and after it moved a
+piece holds while its job's stamp and pending reason are what they were when it was made. Jobs whose view moves
+with the clock (started and not ended: TIME, done_iterations; or with throughput reports) are made afresh per
+request. A listing of 1,000 queued jobs is one join of cached pieces, and a submit or a cancel remakes only the
+pieces of the jobs it changed.
 """
 
 from __future__ import annotations
@@ -16,57 +19,69 @@ from meshsched.cli.jobs import JOBS_HEADER, jobs_row
 from meshsched.cli.output import columns
 
 PRIVATE = ("command", "cwd", "job_dir", "output", "error", "rank_reports")  # not listed to other users
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps(..., separators) makes one a call
 
 
 class Listings:
     def __init__(self, daemon) -> None:
         self.daemon = daemon
-        self._at = -1  # the journal's write count the cached pieces were made at
-        self._rows: dict[str, tuple[str, ...]] = {}  # job -> its table row
-        self._views: dict[str, list[bytes | None]] = {}  # job -> [its encoded view, the same without PRIVATE]
+        self._at = {"rows": -1, "views": -1}  # the journal's write count when each cache was last checked
+        self._rows: dict[str, tuple[tuple, tuple[str, ...]]] = {}  # job -> (key, its table row)
+        self._views: dict[str, list] = {}  # job -> [key, its encoded view, the same without PRIVATE]
 
-    def _fresh(self) -> None:
+    def _unchanged(self, cache: str) -> bool:
+        """Nothing was written since `cache` was last checked (every piece in it holds)."""
         writes = self.daemon.journal.writes
-        if writes != self._at:
-            self._rows.clear()
-            self._views.clear()
-            self._at = writes
+        same, self._at[cache] = writes == self._at[cache], writes
+        return same
 
-    def _live(self, rec) -> bool:
-        """Its view moves with the clock (or with rank reports that are no engine event)."""
-        return (rec.start_time is not None and rec.end_time is None) or rec.job_id in self.daemon.throughput
+    def _key(self, rec) -> tuple | None:
+        """What a job's piece depends on besides the clock: its record's stamp and, while it is queued, its pending
+        reason. None: the piece moves with the clock (never cached)."""
+        d = self.daemon
+        if (rec.start_time is not None and rec.end_time is None) or rec.job_id in d.throughput:
+            return None
+        job = d.engine.state.jobs.get(rec.job_id)
+        queued = job is not None and job.state.is_queued
+        return d.journal.stamps.get(rec.job_id), d.engine.pending_reason(rec.job_id) if queued else ""
 
     def table(self, recs: list) -> bytes:
         """The `mesh ls` table of `recs` (header first), UTF-8."""
-        self._fresh()
-        now, rows, cache = time.time(), [JOBS_HEADER], self._rows
+        same, now, rows, cache = self._unchanged("rows"), time.time(), [JOBS_HEADER], self._rows
         for rec in recs:
-            row = cache.get(rec.job_id)
-            if row is None:
-                row = jobs_row(self.brief(rec, now))
-                if not self._live(rec):
-                    cache[rec.job_id] = row
-            rows.append(row)
+            hit = cache.get(rec.job_id)
+            if hit is not None and same:
+                rows.append(hit[1])
+                continue
+            key = self._key(rec)
+            if hit is None or key is None or hit[0] != key:
+                hit = (key, jobs_row(self.brief(rec, now)))
+                if key is not None:
+                    cache[rec.job_id] = hit
+            rows.append(hit[1])
         return ("\n".join(columns(rows)) + "\n").encode()
 
     def views(self, recs: list, uid: int | None, operator: bool) -> bytes:
         """The JSON list of the job views of `recs`; a user who is not an operator sees other users' jobs
         without their PRIVATE fields (the queue is public, what others run and where is not)."""
-        self._fresh()
-        now, out, cache = time.time(), [], self._views
+        same, now, out, cache = self._unchanged("views"), time.time(), [], self._views
         for rec in recs:
-            mine = operator or rec.uid == uid
-            pair = cache.get(rec.job_id)
-            if pair is None or pair[not mine] is None:
+            slot = 1 if operator or rec.uid == uid else 2
+            hit = cache.get(rec.job_id)
+            if hit is not None and same and hit[slot] is not None:
+                out.append(hit[slot])
+                continue
+            key = self._key(rec)
+            if hit is None or key is None or hit[0] != key:
+                hit = [key, None, None]
+                if key is not None:
+                    cache[rec.job_id] = hit
+            if hit[slot] is None:
                 view = self.daemon.job_view(rec, now)
-                if not mine:
+                if slot == 2:
                     view = {k: v for k, v in view.items() if k not in PRIVATE}
-                encoded = json.dumps(view, separators=(",", ":")).encode()
-                if not self._live(rec):
-                    cache.setdefault(rec.job_id, [None, None])[not mine] = encoded
-                out.append(encoded)
-            else:
-                out.append(pair[not mine])
+                hit[slot] = _encode(view).encode()
+            out.append(hit[slot])
         return b"[" + b",".join(out) + b"]"
 
     def brief(self, rec, now: float) -> dict:
