@@ -20,7 +20,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import AsyncExitStack
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from meshsched import events as ev
@@ -124,6 +124,7 @@ class NodeDaemon:
             self._stack.push_async_callback(self.mps.close)
             # models are read here, once, never inside a scheduling pass; XGBoost only for a sharing policy
             handle = installed_handle(interference=needs_models(cfg.policy))
+            handle = replace(handle, one_user_per_gpu=cfg.mps_one_user)  # sharing pairs one user's jobs under MPS
             self.engine = Engine(make_policy(cfg.policy, handle), ProfileEstimator(handle.perf))
             self.launcher = Launcher(loop, self._on_exit, _systemd_run(cfg.systemd_scope),
                                      log_max_bytes=int(cfg.log_max_mb * 2**20))
