@@ -38,6 +38,8 @@ def api_bytes(url: str) -> bytes:
         status, _, data = client.raw("GET", url)
     except DaemonUnavailable as exc:
         unreachable(client, exc)
+    except ApiError as exc:  # someone else's socket, permission denied, no answer in time: one line, as api_call
+        fail(str(exc), code=1)
     if status >= 400:
         fail(str(error_of(status, data)), code=1)
     return data

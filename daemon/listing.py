@@ -6,7 +6,7 @@ Every record change ends in `Journal.put`, which stamps the job with the journal
 event ends a journal write; so while the write count has not moved every cached piece holds, and after it moved a
 piece holds while its job's stamp and pending reason are what they were when it was made. Jobs whose view moves
 with the clock (started and not ended: TIME, done_iterations; or with throughput reports) are made afresh per
-request. A listing of 1,000 queued jobs is one join of cached pieces, and a submit or a cancel remakes only the
+request, and their pieces from before they started are dropped when that is seen (it took a write). A listing of 1,000 queued jobs is one join of cached pieces, and a submit or a cancel remakes only the
 pieces of the jobs it changed.
 """
 
@@ -58,6 +58,8 @@ class Listings:
                 hit = (key, jobs_row(self.brief(rec, now)))
                 if key is not None:
                     cache[rec.job_id] = hit
+                else:  # it moves with the clock now: no piece of it may be served while nothing is written
+                    cache.pop(rec.job_id, None)
             rows.append(hit[1])
         return ("\n".join(columns(rows)) + "\n").encode()
 
@@ -76,6 +78,8 @@ class Listings:
                 hit = [key, None, None]
                 if key is not None:
                     cache[rec.job_id] = hit
+                else:  # it moves with the clock now: no piece of it may be served while nothing is written
+                    cache.pop(rec.job_id, None)
             if hit[slot] is None:
                 view = self.daemon.job_view(rec, now)
                 if slot == 2:
