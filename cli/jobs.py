@@ -31,13 +31,15 @@ def api_call(method: str, url: str, body: object = None, client: Client | None =
         fail(str(exc), code=1)
 
 
-def api_json_bytes(url: str) -> bytes:
-    """GET `url` and return meshd's JSON answer undecoded (for --json: passed through as it came)."""
+def api_bytes(url: str) -> bytes:
+    """GET `url` and return meshd's answer undecoded (JSON for --json, `mesh ls`'s table: passed through)."""
     client = Client()
     try:
         status, _, data = client.raw("GET", url)
     except DaemonUnavailable as exc:
         unreachable(client, exc)
+    except ApiError as exc:  # someone else's socket, permission denied, no answer in time: one line, as api_call
+        fail(str(exc), code=1)
     if status >= 400:
         fail(str(error_of(status, data)), code=1)
     return data
@@ -148,9 +150,6 @@ def build_command(script: str, args: list[str]) -> list[str]:
     return [path, *args]
 
 
-LS_BRIEF = "&brief=1"  # meshd answers only the columns jobs_lines reads
-
-
 def partners(job: dict) -> str:
     """The jobs sharing its GPUs (its colocation set), or -."""
     return ",".join(job.get("partners") or ()) or "-"
@@ -173,13 +172,13 @@ def mps(job: dict) -> str:
     return str(x["mps_percentage"]) if x else "-"
 
 
-def jobs_lines(jobs: list[dict]) -> list[str]:
-    """squeue-style plain columns (fast for thousands of jobs, easy to grep)."""
-    header = ("JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "PARTNER", "BATCH", "MPS%", "NODE(REASON)")
-    return columns([header] + [
-        (j["job_id"], j["name"], j["user"], j["state"], fmt_time(j["elapsed"]), str(j["gpus"]), partners(j),
-         batch(j), mps(j), where(j)) for j in jobs
-    ])  # fmt: skip
+JOBS_HEADER = ("JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "PARTNER", "BATCH", "MPS%", "NODE(REASON)")
+
+
+def jobs_row(j: dict) -> tuple[str, ...]:
+    """A job's squeue-style columns in `mesh ls` (meshd renders the table: daemon/listing.py)."""
+    return (j["job_id"], j["name"], j["user"], j["state"], fmt_time(j["elapsed"]), str(j["gpus"]), partners(j),
+            batch(j), mps(j), where(j))
 
 
 def _out(lines: list[str]) -> None:
@@ -262,14 +261,15 @@ def ls(all_jobs: bool = False, as_json: bool = False, job_ids: list[str] | None 
     if job_ids:  # those jobs (an array id: all of its tasks), ended or not
         url += "&job=" + ",".join(job_ids)
     if as_json:
-        print_json_bytes(api_json_bytes(url))
-    else:
-        _out(jobs_lines(api_call("GET", url + LS_BRIEF)))
+        print_json_bytes(api_bytes(url))
+    else:  # meshd renders the table (cached between state changes): nothing to decode or align here
+        sys.stdout.flush()
+        sys.stdout.buffer.write(api_bytes(url + "&format=table"))
 
 
 def show(job_id: str, as_json: bool = False) -> None:
     if as_json:
-        print_json_bytes(api_json_bytes(f"/v1/jobs/{job_id}"))
+        print_json_bytes(api_bytes(f"/v1/jobs/{job_id}"))
         return
     job = api_call("GET", f"/v1/jobs/{job_id}")
     launches = job.get("restarts", 0)  # the record counts launches; a restart is every launch after the first
@@ -420,7 +420,7 @@ def requeue(job_ids: list[str]) -> None:
 
 def nodes(as_json: bool = False) -> None:
     if as_json:
-        print_json_bytes(api_json_bytes("/v1/nodes"))
+        print_json_bytes(api_bytes("/v1/nodes"))
         return
     data = api_call("GET", "/v1/nodes")
     rows = [("NODE", "STATE", "GPUS", "FREE", "TYPE", "CPUS", "MEM(GB)", "BACKEND", "POLICY", "QUEUE")] + [

@@ -56,6 +56,9 @@ def simulate_cmd(
     plot: bool = typer.Option(False, "--plot", help="Write simulate.png (JCT CDFs, queue length) into --out (or .)."),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     wide: bool = typer.Option(False, "--wide", help="Every column (p99, futile preemptions, deadlines met)."),
+    mps_one_user: bool = typer.Option(False, "--mps-one-user", help="Sharing pairs only jobs of the same user (the "
+                                      "trace's users), as on a cluster that shares GPUs through MPS among several "
+                                      "users (meshd with use_mps and submit_users); default: any two jobs may pair."),
 ) -> None:
     """Replay a cluster trace through the scheduler engine under each policy and compare them."""
     from meshsched.sim.loop import ClusterSpec, simulate
@@ -91,7 +94,7 @@ def simulate_cmd(
 
     # Each stack is built once, before the trace is loaded, with the performance model (and overhead regime)
     # the replay runs in; the interference predictor (XGBoost, slow to import) only for a sharing policy.
-    handle = PolicyHandle(perf, load_interference() if sharing else None, seed)
+    handle = PolicyHandle(perf, load_interference() if sharing else None, seed, one_user_per_gpu=mps_one_user)
     stacks = {n: make_policy(n, handle) for n in names}
     try:
         for stack in stacks.values():

@@ -1,6 +1,6 @@
 """meshd's HTTP API (aiohttp) on a Unix socket for `mesh`, optionally on TCP with a bearer token.
 
-Routes: GET /v1/health, GET/POST /v1/jobs (?all=0|1; ?brief=1: the squeue columns only; ?job=ID[,ID]: those
+Routes: GET /v1/health, GET/POST /v1/jobs (?all=0|1; ?format=table: `mesh ls`'s table, text; ?job=ID[,ID]: those
 jobs or arrays only), GET /v1/jobs/{id}, POST /v1/jobs/{id}/cancel|hold|release|requeue (an array id: every
 task), POST /v1/jobs/cancel (many jobs by ids and filters, or --signal them), GET /v1/jobs/{id}/wait?timeout=S (until the job or every task of the array ended; long poll),
 GET /v1/jobs/{id}/logs?rank=N&offset=B, GET /v1/jobs/{id}/explain, GET /v1/nodes, GET /metrics.
@@ -33,12 +33,7 @@ from meshsched.protocol import SubmitRequest
 DAEMON_KEY = web.AppKey("daemon", object)
 LOG_CHUNK = 1 << 20
 MAX_WAIT = 300.0  # seconds one wait request may block
-PRIVATE = ("command", "cwd", "job_dir", "output", "error", "rank_reports")  # not listed to other users
 LOG = logging.getLogger("meshd")
-
-
-def _compact(data: object) -> str:
-    return json.dumps(data, separators=(",", ":"))
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -68,16 +63,16 @@ async def health(request: web.Request) -> web.Response:
 
 async def list_jobs(request: web.Request) -> web.Response:
     d = request.app[DAEMON_KEY]
-    include_done = request.query.get("all", "1") != "0"
-    brief = request.query.get("brief") == "1"  # the squeue columns only (`mesh ls`)
-    jobs = d.list_brief(include_done) if brief else d.list_jobs(include_done)
+    recs = d.records.values()
+    if request.query.get("all", "1") == "0":
+        recs = [r for r in recs if r.state not in TERMINAL]
     if request.query.get("job"):  # some jobs (an array id: its tasks)
         wanted = {r.job_id for j in request.query["job"].split(",") for r in d.control.targets(j)}
-        jobs = [j for j in jobs if j["job_id"] in wanted]
+        recs = [r for r in recs if r.job_id in wanted]
+    if request.query.get("format") == "table":  # `mesh ls`: the squeue columns, public
+        return web.Response(body=d.listings.table(list(recs)), content_type="text/plain", charset="utf-8")
     who = users.peer(request)
-    if not brief and not who.operator:  # many users: the queue is public, what others run and where is not
-        jobs = [j if j["uid"] == who.uid else {k: v for k, v in j.items() if k not in PRIVATE} for j in jobs]
-    return web.json_response(jobs, dumps=_compact) if brief else web.json_response(jobs)
+    return web.Response(body=d.listings.views(list(recs), who.uid, who.operator), content_type="application/json")
 
 
 async def submit(request: web.Request) -> web.Response:

@@ -96,6 +96,12 @@ class DaemonConfig:
     reserved_memory_gb: float = 0.0
     submit_users: str = ""  # other local users who may submit ("a,b" or "*": every one); meshd must be root
 
+    @property
+    def mps_one_user(self) -> bool:
+        """Jobs of several users share GPUs through MPS, which serves one user per GPU at a time: the sharing
+        policies pair only jobs of the same user (PolicyHandle.one_user_per_gpu)."""
+        return self.use_mps and bool(self.submit_users)
+
     def may_submit(self, user: str) -> bool:
         """Whether a local user other than meshd's own may use the API (`submit_users`: names, @group, *)."""
         allowed = {u.strip() for u in self.submit_users.split(",") if u.strip()}

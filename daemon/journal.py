@@ -125,6 +125,12 @@ class Journal:
                 "(job ids continue past the existing job directories)"
             ) from None
         self._depth = 0
+        # Write transactions ended (committed or not) and records put: every change to a job record and every
+        # engine event goes through one, so a view of the jobs made at one count holds until the count moves.
+        # `stamps`: the count at each job's last put, so a view of one job holds while its stamp does and the
+        # engine's word on it (its pending reason) is the same (daemon/listing.py caches `mesh ls` on both).
+        self.writes = 0
+        self.stamps: dict[str, int] = {}
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -137,10 +143,12 @@ class Journal:
         except BaseException:
             self._depth -= 1
             if self._depth == 0:
+                self.writes += 1
                 self._db.execute("ROLLBACK")
             raise
         self._depth -= 1
         if self._depth == 0:
+            self.writes += 1
             self._db.execute("COMMIT")
 
     def next_seq(self, floor: int = 1) -> int:
@@ -161,6 +169,8 @@ class Journal:
         self._db.execute("INSERT OR REPLACE INTO meta VALUES ('mesh_applied', ?)", (str(index),))
 
     def put(self, rec: JobRecord) -> None:
+        self.writes += 1
+        self.stamps[rec.job_id] = self.writes
         self._db.execute(
             "INSERT OR REPLACE INTO jobs (job_id, seq, record, state) VALUES (?, ?, ?, ?)",
             (rec.job_id, rec.seq, rec.to_json(), rec.state),

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import AsyncExitStack
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from meshsched import events as ev
@@ -31,6 +31,7 @@ from meshsched.daemon.gpus import GpuBackend, open_backend
 from meshsched.daemon.hostres import HostResources, host_resources
 from meshsched.daemon.jobcontrol import JobControl, control_spec, refuse_never_runnable, resources
 from meshsched.daemon.journal import Journal, JobRecord
+from meshsched.daemon.listing import Listings
 from meshsched.daemon.launcher import Launcher, Outcome, free_port, read_outcome
 from meshsched.daemon.mps import MpsManager, open_mps
 from meshsched.daemon.notify import Notifier
@@ -98,6 +99,7 @@ class NodeDaemon:
         self._pending_outcomes: list[tuple[str, Outcome, bool]] = []  # (mesh) exits found at start
         self._reported: dict[str, float] = {}  # (mesh) job -> when its last progress report was proposed
         self.control = JobControl(self)  # arrays, dependencies, time limits, hold/release/requeue, --wait
+        self.listings = Listings(self)  # `mesh ls` and `mesh ls --json`, cached between state changes
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -125,6 +127,7 @@ class NodeDaemon:
             self._stack.push_async_callback(self.mps.close)
             # models are read here, once, never inside a scheduling pass; XGBoost only for a sharing policy
             handle = installed_handle(interference=needs_models(cfg.policy))
+            handle = replace(handle, one_user_per_gpu=cfg.mps_one_user)  # sharing pairs one user's jobs under MPS
             self.engine = Engine(make_policy(cfg.policy, handle), ProfileEstimator(handle.perf))
             self.launcher = Launcher(loop, self._on_exit, _systemd_run(cfg.systemd_scope),
                                      log_max_bytes=int(cfg.log_max_mb * 2**20))
@@ -814,7 +817,7 @@ class NodeDaemon:
             out["state"], out["reason"] = "COMPLETING", "cancelled; waiting for its processes to exit"
         out["gpu_names"] = [self.engine.state.gpus[g].local_index for g in rec.assigned]
         if job is not None and job.state.holds_gpus:  # its colocation set: jobs sharing any of its GPUs
-            out["partners"] = self._partners(job)
+            out["partners"] = self.partners(job)
             if job.exec_pending is not None:
                 out["exec_pending"] = job.exec_pending.to_dict()
         else:
@@ -825,28 +828,10 @@ class NodeDaemon:
             out["rank_reports"] = {str(k): v for k, v in sorted(ranks.items())}
         return out
 
-    def list_jobs(self, include_done: bool = True) -> list[dict]:
-        now = time.time()
-        return [self.job_view(r, now) for r in self.records.values() if include_done or r.state not in TERMINAL]
-
-    def _partners(self, job) -> list[str]:
+    def partners(self, job) -> list[str]:
         """The jobs sharing any of `job`'s GPUs (its colocation set)."""
         gpus = self.engine.state.gpus
         return sorted({o for g in job.gpus for o in gpus[g].jobs if o != job.job_id}, key=_id_key)
-
-    def list_brief(self, include_done: bool = True) -> list[dict]:
-        """job_view's squeue columns only (`mesh ls`): the same values at a fraction of the cost."""
-        now, jobs, out = time.time(), self.engine.state.jobs, []
-        for r in self.records.values():
-            if include_done or r.state not in TERMINAL:
-                job, start = jobs.get(r.job_id), r.start_time
-                queued = job is not None and job.state.is_queued
-                holds = job is not None and job.state.holds_gpus
-                out.append({"job_id": r.job_id, "name": r.name, "user": r.user, "state": r.state, "gpus": r.gpus,
-                            "node": r.node, "reason": self.engine.pending_reason(r.job_id) if queued else r.reason,
-                            "elapsed": 0.0 if start is None else max(0.0, (r.end_time or now) - start),
-                            "partners": self._partners(job) if holds else [], "exec": r.exec if holds else None})
-        return out
 
     def node_view(self) -> dict:
         inv = self.gpus.inventory()

@@ -20,6 +20,7 @@ from meshsched.policies.sharing_baselines import Lucid, SjfFfs
 from meshsched.policies.base import Start, Wait
 from meshsched.policies.base import Cycle, Trigger
 from meshsched.policies.registry import make_policy, stack_of
+from meshsched.policies.stack import PolicyHandle
 from meshsched.state import ExecConfig
 from meshsched.policies.sharing import best_sub_batch, eq23_slope, pair_times, sub_batches, theorem1
 from meshsched.sim.world import SimWorld
@@ -142,9 +143,9 @@ class Snap:
         self.engine.state.validate()
         return actions
 
-    def submit(self, job_id, gpus, iterations, now, model="resnet18", per_gpu=64):
+    def submit(self, job_id, gpus, iterations, now, model="resnet18", per_gpu=64, user="nobody"):
         self.n += 1
-        spec = JobSpec(job_id, gpus, model, per_gpu * gpus, iterations, submit_time=now)
+        spec = JobSpec(job_id, gpus, model, per_gpu * gpus, iterations, submit_time=now, user=user)
         return self(ev.JobSubmitted(f"s{self.n}", spec), now)
 
     def started(self, job_id, now):
@@ -260,6 +261,51 @@ def test_sjf_ffs_shares_first_fit_and_lucid_needs_equal_size():
     s3 = Snap(Lucid(perf=PERF, interference=FixedXi(1.1, 1.1), threshold=0.0))
     s3.submit("A", 2, 1_000, 0.0)
     assert not any(isinstance(a, Launch) for a in s3.submit("C", 2, 1_000, 2.0))
+
+
+@pytest.mark.parametrize("name", ["castor", "sjf-ffs", "lucid"])
+def test_under_mps_one_user_per_gpu_only_jobs_of_one_user_share(name):
+    """Colocation under MPS pairs only jobs of the same user (PolicyHandle.one_user_per_gpu): ann's job never
+    shares bob's GPUs, and says so in its pending reason; bob's second job does share them. Off (the default),
+    the same jobs pair across users."""
+    for one_user in (True, False):
+        handle = PolicyHandle(PERF, FixedXi(1.05, 1.05), one_user_per_gpu=one_user)
+        stack = make_policy(f"{name}:threshold=10" if name == "lucid" else name, handle)
+        assert stack.placement.one_user is one_user
+        s = Snap(stack, nodes=(("n0", 2),))
+        s.submit("A", 2, 1_000_000, 0.0, user="bob")
+        s.started("A", 30.0)
+        acts = s.submit("B", 2, 1_000, 40.0, user="ann")
+        shared = [a.gpus for a in acts if isinstance(a, Launch)]
+        job = s.engine.state.jobs["B"]
+        if not one_user:
+            assert shared == [(0, 1)] and job.state.holds_gpus  # the same pair, across users
+            continue
+        assert shared == [] and job.state is JobState.PENDING
+        reason = s.engine.pending_reason("B")
+        assert "would share with A of user bob" in reason and "MPS" in reason, reason
+        assert all(g.jobs == ["A"] for g in s.engine.state.gpus)
+        acts = s.submit("C", 2, 1_000, 50.0, user="bob")  # bob's own job pairs with bob's
+        assert [a.gpus for a in acts if isinstance(a, Launch)] == [(0, 1)]
+        assert all(g.jobs == ["A", "C"] for g in s.engine.state.gpus)
+        assert s.engine.state.jobs["B"].state is JobState.PENDING
+
+
+def test_under_mps_one_user_a_job_takes_its_own_users_host_not_the_better_one():
+    """Castor's best pair is with bob's job (shorter: the pair's mean JCT is lower), but ann's job takes ann's
+    host instead."""
+    for one_user, host in ((False, "A"), (True, "D")):
+        handle = PolicyHandle(PERF, FixedXi(1.05, 1.05), one_user_per_gpu=one_user)
+        s = Snap(make_policy("castor", handle), nodes=(("n0", 2),))
+        s.submit("A", 1, 3_000_000, 0.0, user="bob")
+        s.submit("D", 1, 5_000_000, 0.0, user="ann")
+        s.started("A", 30.0)
+        s.started("D", 30.0)
+        acts = s.submit("B", 1, 1_000, 40.0, user="ann")
+        launches = [a for a in acts if isinstance(a, Launch)]
+        assert [a.gpus for a in launches] == [s.engine.state.jobs[host].gpus], s.engine.pending_reason("B")
+    assert all(len(g.jobs) <= 2 and len({s.engine.state.jobs[j].spec.user for j in g.jobs}) == 1
+               for g in s.engine.state.gpus)
 
 
 def test_registry_knows_sharing_policies():

@@ -17,7 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from meshsched.cli.client import Client, default_socket
-from meshsched.cli.jobs import NOTHING_TO_CANCEL, fmt_time, parse_deadline, top_rows
+from meshsched.cli.jobs import JOBS_HEADER, NOTHING_TO_CANCEL, fmt_time, jobs_row, parse_deadline, top_rows
+from meshsched.cli.output import columns
 from meshsched.cli.main import app, main
 from meshsched.daemon.config import default_runtime_dir
 from meshsched.daemon.node import NodeDaemon
@@ -148,21 +149,47 @@ def test_submit_ls_show_logs_cancel(served, tmp_path, mesh):
 
 
 def test_ls_lists_what_the_full_view_says(served, tmp_path, mesh):
-    """`mesh ls` reads meshd's brief listing: the same columns as the full job views."""
+    """`mesh ls` prints meshd's table (daemon/listing.py): the columns the full job views give."""
     script = tmp_path / "t.py"
     script.write_text("import time\ntime.sleep(30)\n")
     for gpus in (4, 2, 1, 4):
         assert mesh("submit", str(script), "--gpus", str(gpus)).exit_code == 0
     poll(lambda: any(r.state == "RUNNING" for r in served.records.values()), what="a job running")
-    full = {j["job_id"]: j for j in json.loads(mesh("ls", "--json").stdout)}
-    brief = Client().call("GET", "/v1/jobs?all=0&brief=1")
-    assert [b["job_id"] for b in brief] == list(full)
-    for b in brief:
-        for key, value in b.items():
-            assert value == pytest.approx(full[b["job_id"]][key], abs=1.0) if key == "elapsed" else \
-                value == full[b["job_id"]][key], (key, b, full[b["job_id"]])
-    reasons = [line.split()[-1] for line in mesh("ls").stdout.splitlines()[1:]]
+    full = json.loads(mesh("ls", "--json").stdout)
+    table = mesh("ls").stdout.splitlines()
+    expected = columns([JOBS_HEADER] + [jobs_row(j) for j in full])
+    assert [line.split() for line in table] == [line.split() for line in expected] or \
+        [line.split()[:4] + line.split()[5:] for line in table] == \
+        [line.split()[:4] + line.split()[5:] for line in expected], (table, expected)  # TIME may have ticked
+    reasons = [line.split()[-1] for line in table[1:]]
     assert reasons[0] == "n1" and set(reasons[1:]) <= {"(Resources)", "(Priority)"}, reasons
+
+
+def test_ls_is_current_after_every_change(served, tmp_path, mesh):
+    """The listings are cached between state changes: each change shows in the next `mesh ls` (and --json)."""
+    script = tmp_path / "t.py"
+    script.write_text("import time\ntime.sleep(30)\n")
+    ids = [mesh("submit", str(script), "--gpus", "4").stdout.split()[-1] for _ in range(3)]
+    poll(lambda: served.records[ids[0]].state == "RUNNING", what="the first job running")
+
+    def states(both: bool = True) -> dict[str, str]:
+        rows = {row.split()[0]: row.split()[3] for row in mesh("ls", "--all").stdout.splitlines()[1:]}
+        views = {j["job_id"]: j["state"] for j in json.loads(mesh("ls", "--all", "--json").stdout)}
+        assert rows == views or not both
+        return rows
+
+    assert states() == {ids[0]: "RUNNING", ids[1]: "PENDING", ids[2]: "PENDING"}
+    assert states() == {ids[0]: "RUNNING", ids[1]: "PENDING", ids[2]: "PENDING"}  # from the cache
+    assert mesh("cancel", ids[2]).exit_code == 0
+    assert states()[ids[2]] == "CANCELLED"
+    assert mesh("hold", ids[1]).exit_code == 0
+    assert "(JobHeldUser)" in mesh("ls").stdout
+    assert mesh("release", ids[1]).exit_code == 0
+    assert "(JobHeldUser)" not in mesh("ls").stdout
+    assert mesh("cancel", ids[0]).exit_code == 0
+    poll(lambda: states(both=False)[ids[1]] in ("LOADING", "RUNNING"), what="the second job started in the listing")
+    for _ in range(3):  # nothing written in between: still not the PENDING piece cached before it started
+        assert states(both=False)[ids[1]] in ("LOADING", "RUNNING")
 
 
 def test_show_counts_restarts_not_launches_and_whole_steps(served, tmp_path, mesh):

@@ -299,3 +299,17 @@ def test_profiles_ls_one_gpu_type_and_unknown_type():
     rows = json.loads(r.stdout)
     assert rows and {row["gpu_type"] for row in rows} == {"v100"}
     _assert_one_line_error(_mesh("profiles", "ls", "--gpu-type", "a100", "--json"), "unknown GPU type 'a100'")
+
+
+def test_simulate_mps_one_user_pairs_only_one_users_jobs(tmp_path):
+    """`--mps-one-user`: bob's job does not share ann's only GPU (it waits for it); without it, it shares at once."""
+    trace = tmp_path / "two.csv"
+    trace.write_text("submit_time,gpus,iterations,model,batch_size,user\n0,1,20000,resnet18,16,ann\n"
+                     "60,1,2000,resnet18,16,bob\n")
+    waits = {}
+    for flag in ((), ("--mps-one-user",)):
+        r = _mesh("simulate", "--trace", str(trace), "--nodes", "1", "--gpus-per-node", "1", "--policy", "sjf-ffs",
+                  "--json", *flag)
+        _ok(r)
+        waits[bool(flag)] = json.loads(r.stdout)["policies"][0]["wait_mean_h"]
+    assert waits[False] == 0 < waits[True], waits

@@ -51,7 +51,7 @@ async def test_jobs_run_in_policy_order_with_torchrun_env(daemon):
     )
     long, mid, short = (submit(daemon, py(env_dump), gpus=2, iters=n) for n in (300, 200, 100))
     assert state(daemon, long.job_id) == "PENDING"
-    jobs = {j["job_id"]: j for j in daemon.list_jobs()}
+    jobs = {i: daemon.job_view(r) for i, r in daemon.records.items()}
     assert jobs[short.job_id]["reason"] == "Resources"
     assert jobs[long.job_id]["reason"] == "Priority"
     ids = [blocker.job_id, long.job_id, mid.job_id, short.job_id]

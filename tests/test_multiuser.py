@@ -14,6 +14,7 @@ import pwd
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -114,8 +115,10 @@ def test_two_users_jobs_run_as_themselves_and_stay_private(two_users, shared_mes
             (job_dir / "logs" / "rank0.log").read_bytes()
 
     # bob sees the queue, but can neither act on ann's job nor read it
-    listed = {j["job_id"]: j["user"] for j in call(bob, sock, "GET", "/v1/jobs?brief=1")}
-    assert listed == {a["job_id"]: ann.pw_name, b["job_id"]: bob.pw_name}
+    with as_user(bob.pw_uid, bob.pw_gid):  # `mesh ls`: meshd's table
+        table = Client(sock).raw("GET", "/v1/jobs?format=table")[2].decode().splitlines()
+    assert {row.split()[0]: row.split()[2] for row in table[1:]} == {a["job_id"]: ann.pw_name, b["job_id"]: bob.pw_name}
+    assert "command" in root.call("GET", "/v1/jobs")[0]  # an operator's listing, cached: not what bob is served
     full = {j["job_id"]: j for j in call(bob, sock, "GET", "/v1/jobs")}  # `mesh ls --json`
     assert "command" not in full[a["job_id"]] and "job_dir" not in full[a["job_id"]]
     assert full[b["job_id"]]["command"][0] == "/bin/sh" and full[a["job_id"]]["state"] == "RUNNING"
@@ -189,3 +192,49 @@ def test_who_may_submit_is_configuration(two_users):
         assert by_group.may_submit(bob.pw_name) and not by_group.may_submit(ann.pw_name)
     finally:
         subprocess.run(["groupdel", group], check=False, capture_output=True)
+
+
+def test_under_mps_only_one_users_jobs_share_a_gpu(two_users, tmp_path):
+    """meshd with MPS and several users (castor, one fake GPU): bob's job never shares ann's GPU and its pending
+    reason says why; ann's second job does share it."""
+    from tests.test_daemon_mps import FAKE
+
+    ann, bob = two_users
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    tool = bindir / "nvidia-cuda-mps-control"
+    tool.write_text(FAKE.format(py=sys.executable, log=str(tmp_path / "mps.log")))
+    tool.chmod(0o755)
+    base = Path(tempfile.mkdtemp(prefix="mu", dir="/tmp"))
+    os.chmod(base, 0o755)
+    for u in two_users:
+        (base / u.pw_name).mkdir()
+        os.chown(base / u.pw_name, u.pw_uid, u.pw_gid)
+    runtime = short_dir()
+    env = dict(os.environ, MESHD_SUBMIT_USERS=f"{ann.pw_name},{bob.pw_name}", MESHD_USE_MPS="true",
+               MESHD_SYSTEMD_SCOPE="no", PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    proc, root = start_meshd(base / "state", runtime, "--fake-gpus", "1", "--policy", "castor", "--kill-grace", "1",
+                             env=env)
+    sock = runtime / "api.sock"
+    try:
+        def submit(user, model: str, batch: int, iters: int) -> str:
+            body = {"command": ["/bin/sh", "-c", "sleep 60"], "cwd": str(base / user.pw_name), "gpus": 1,
+                    "model": model, "batch_size": batch, "iterations": iters}
+            return call(user, sock, "POST", "/v1/jobs", body)["job_id"]
+
+        a = submit(ann, "resnet18", 16, 20000)
+        poll(lambda: root.call("GET", f"/v1/jobs/{a}")["state"] == "RUNNING", what="ann's job running")
+        b = submit(bob, "resnet50", 128, 2000)  # one user: Castor would share A's GPU (tests/test_shared_restart)
+        view = root.call("GET", f"/v1/jobs/{b}")
+        assert view["state"] == "PENDING" and f"of user {ann.pw_name}" in view["reason"], view["reason"]
+        assert "MPS" in view["reason"]
+        c = submit(ann, "resnet50", 128, 2000)
+        poll(lambda: root.call("GET", f"/v1/jobs/{c}")["state"] == "RUNNING", what="ann's second job sharing")
+        assert root.call("GET", f"/v1/jobs/{c}")["partners"] == [a]
+        assert root.call("GET", f"/v1/jobs/{b}")["state"] == "PENDING"
+    finally:
+        pids = [j["supervisor_pid"] for j in root.call("GET", "/v1/jobs?all=1")]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+        kill_sessions(pids)
+        remove(base, runtime)

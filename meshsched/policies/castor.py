@@ -2,8 +2,9 @@
 
 The sharing policies walk the queue shortest expected remaining time first (no preemption) and start a job on
 free GPUs (fewest nodes) when it fits, exactly as `sjf` does. They differ in what happens when free GPUs are
-short; then a job may share GPUs that hold exactly one job (never more than two jobs per GPU). The SJF-FFS and
-Lucid-like baselines are in `sharing_baselines.py`; castor:
+short; then a job may share GPUs that hold exactly one job (never more than two jobs per GPU); on a cluster that
+shares through MPS among several users (`one_user`), only a job of the same user (`SharingScheduler.foreign`
+says who may not pair). The SJF-FFS and Lucid-like baselines are in `sharing_baselines.py`; castor:
 
 * for each running job A whose GPUs hold only A, Algorithm 2 (`sharing.best_sub_batch`) picks the
   new job's micro-batch (gradient accumulation keeps its global batch; memory must fit next to A) and
@@ -70,7 +71,7 @@ class SharingPass:
     """One scheduling pass's scratch (kept in `Cycle.scratch`): what the sharing search computes once per pass."""
 
     __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size",
-                 "upcoming", "rest", "total", "lookahead", "judged", "usable")
+                 "upcoming", "rest", "total", "lookahead", "judged", "usable", "foreign")
 
     def __init__(self, state: ClusterState, cycle: Cycle) -> None:
         self.state = state
@@ -90,6 +91,7 @@ class SharingPass:
         self.lookahead = 0
         self.judged: dict[str, object] = {}  # Castor: job -> its sharing arithmetic (`Castor._judge`)
         self.usable: dict[tuple, object] = {}  # SJF-FFS: shareable GPUs per kind of job (`SjfFfs._usable`)
+        self.foreign: dict[str, np.ndarray | None] = {}  # one_user: per user, the hosts it may not pair with
 
     def walk(self, queue: Iterator[Job]) -> Iterator[Job]:
         """The queue in order; `peek` may have pulled some of it ahead."""
@@ -129,6 +131,7 @@ class SharingScheduler:
     _shapes: dict = field(default_factory=dict, repr=False)  # Lucid: hosts by size, for the current hosts
     _shapes_at: tuple | None = field(default=None, repr=False)
     _kinds: dict = field(default_factory=dict, repr=False)  # Castor: per job kind and GPU type, step times
+    one_user: bool = False  # MPS among several users: pair only jobs of one user (PolicyHandle.one_user_per_gpu)
     periodic = False
     monotone = False  # a job that cannot start on free GPUs may still share
 
@@ -282,6 +285,27 @@ class SharingScheduler:
 
     def _share(self, view, ps: SharingPass, job: Job) -> Decision | None:
         raise NotImplementedError
+
+    # -- who may pair ------------------------------------------------------------------------------------
+    def foreign(self, job: Job, host: Job) -> bool:
+        """`job` may not share `host`'s GPUs: under `one_user` they belong to different users (an MPS server
+        serves one user per GPU at a time). Every sharing policy asks this of each partner it considers."""
+        return self.one_user and host.spec.user != job.spec.user
+
+    def foreign_wait(self, job: Job, host: Job) -> Wait:
+        """The pending reason of a job whose only partners were other users' jobs."""
+        return Wait(job.job_id, f"{self.name}: would share with {host.job_id} of user {host.spec.user}, not "
+                                f"{job.spec.user}; under MPS a GPU serves one user at a time (waiting)")
+
+    def _foreign_hosts(self, view, ps: SharingPass, job: Job) -> np.ndarray | None:
+        """Which of the pass's hosts (`occ.hosts`' order) `job` may not pair with; None when it may pair with all."""
+        if not self.one_user:
+            return None
+        user = job.spec.user
+        if user not in ps.foreign:
+            mask = np.array([self.foreign(job, h.job) for h in self._hosts(view, ps)], dtype=bool)
+            ps.foreign[user] = mask if mask.any() else None
+        return ps.foreign[user]
 
 
 def compact_nodes(pool: dict[str, int], need: int, node_size: int) -> list[str] | None:
@@ -582,10 +606,16 @@ class Castor(SharingScheduler):
         if out is None or isinstance(out, Wait):
             return out
         best, wait = out.best, out.wait
-        if out.claims == tab.claims:
+        foreign = self._foreign_hosts(view, ps, job)
+        if out.claims == tab.claims and foreign is None:
             pays, low, count = out.pays, out.low, out.count
         else:  # hosts taken since the judgement are out; every other column's numbers stand (they are per column)
             feasible = np.isfinite(best) & tab.alive
+            if foreign is not None and feasible.any():  # other users' hosts are out too
+                mine = feasible & ~foreign
+                if not mine.any():
+                    return self.foreign_wait(job, tab.occ.host(int(np.argmax(feasible))).job)
+                feasible = mine
             if not feasible.any():
                 return None
             pays = feasible & (best < wait)

@@ -54,19 +54,21 @@ def _queue(name: str, order, **kw):
 def _castor(args: dict, h: PolicyHandle):
     from meshsched.policies.castor import Castor
 
-    return Castor(perf=h.perf, interference=h.interference, **({"depth": args["depth"]} if "depth" in args else {}))
+    return Castor(perf=h.perf, interference=h.interference, one_user=h.one_user_per_gpu,
+                  **({"depth": args["depth"]} if "depth" in args else {}))
 
 
 def _sjf_ffs(args: dict, h: PolicyHandle):
     from meshsched.policies.sharing_baselines import SjfFfs
 
-    return SjfFfs(perf=h.perf, interference=h.interference)
+    return SjfFfs(perf=h.perf, interference=h.interference, one_user=h.one_user_per_gpu)
 
 
 def _lucid(args: dict, h: PolicyHandle):
     from meshsched.policies.sharing_baselines import Lucid
 
-    return Lucid(perf=h.perf, interference=h.interference, **({"threshold": args["threshold"]} if "threshold" in args else {}))
+    return Lucid(perf=h.perf, interference=h.interference, one_user=h.one_user_per_gpu,
+                 **({"threshold": args["threshold"]} if "threshold" in args else {}))
 
 
 def _gimbal(args: dict, h: PolicyHandle):

@@ -30,10 +30,12 @@ class SjfFfs(SharingScheduler):
 
     name: str = "sjf-ffs"
 
-    def _usable(self, view, ps: SharingPass, model_b: str, per_gpu: int, gpu_type: str) -> dict[str, list[tuple[int, Job]]]:
-        """Single-job GPUs of `gpu_type` not yet claimed in this pass whose job B could share (memory fits, the
-        pair is feasible), by node, in host order; kept per pass until a GPU is claimed."""
-        key = (model_b, per_gpu, gpu_type)
+    def _usable(self, view, ps: SharingPass, job: Job, per_gpu: int, gpu_type: str) -> dict[str, list[tuple[int, Job]]]:
+        """Single-job GPUs of `gpu_type` not yet claimed in this pass whose job `job` could share (memory fits, the
+        pair is feasible, not another user's under `one_user`), by node, in host order; kept per pass until a GPU
+        is claimed. Hosts left out only for their user are kept under ("foreign", key)."""
+        model_b = job.spec.model
+        key = (model_b, per_gpu, gpu_type, job.spec.user if self.one_user else None)
         memo = ps.usable
         hit = memo.get(key)
         if hit is not None and hit[0] == len(ps.claimed):
@@ -42,7 +44,7 @@ class SjfFfs(SharingScheduler):
         if hosts is None:
             gpus_of = ps.state.gpus
             ok_of: dict[tuple, bool] = {}
-            hosts = []
+            hosts, foreign = [], []
             for h in self._hosts(view, ps):
                 a = h.job
                 g0 = gpus_of[h.gpus[0]]
@@ -56,8 +58,9 @@ class SjfFfs(SharingScheduler):
                         self.interference.xi(a.spec.model, micro, model_b, per_gpu, gpu_type) is not None
                     )
                 if ok:
-                    hosts.append(h)
+                    (foreign if self.foreign(job, a) else hosts).append(h)
             memo[("hosts", key)] = hosts
+            memo[("foreign", key)] = foreign
         claimed = ps.claimed
         usable: dict[str, list[tuple[int, Job]]] = {}
         for h in hosts:
@@ -72,18 +75,17 @@ class SjfFfs(SharingScheduler):
         need = job.spec.gpus
         node_size = plan.node_size
         per_gpu = max(1, job.spec.batch_size // need)
-        model_b = job.spec.model
         free_all = plan.free_map()
         mixed = len(state.gpu_types) > 1
         for gpu_type in state.gpu_types:  # one type per job; a single-type cluster has one round
             free = {n: c for n, c in free_all.items() if state.nodes[n].gpu_type == gpu_type} if mixed else free_all
-            usable = self._usable(view, ps, model_b, per_gpu, gpu_type)
+            usable = self._usable(view, ps, job, per_gpu, gpu_type)
             pool = {n: free.get(n, 0) + len(usable.get(n, [])) for n in sorted(set(free) | set(usable))}
             nodes = compact_nodes(pool, need, node_size)
             if nodes is not None:
                 break
         else:
-            return None
+            return self._only_foreign(ps, job, per_gpu)
         gpus: list[int] = []
         partners: dict[str, Job] = {}
         left = need
@@ -108,6 +110,17 @@ class SjfFfs(SharingScheduler):
         except (UnknownProfile, ValueError):
             pass
         return Start(job.job_id, tuple(gpus), f"{self.name}: first-fit sharing with {','.join(sorted(partners))}")
+
+    def _only_foreign(self, ps: SharingPass, job: Job, per_gpu: int):
+        """No placement: the pending reason names another user's job it would have shared with, if one was left out
+        for its user (None otherwise)."""
+        if not self.one_user:
+            return None
+        for gpu_type in ps.state.gpu_types:
+            foreign = ps.usable.get(("foreign", (job.spec.model, per_gpu, gpu_type, job.spec.user)))
+            if foreign:
+                return self.foreign_wait(job, foreign[0].job)
+        return None
 
 
 def utilisation(perf, model: str, gpu_type: str, per_gpu_batch: int) -> float:
@@ -163,7 +176,7 @@ class Lucid(SharingScheduler):
         per_gpu = max(1, job.spec.batch_size // need)
         model_b = job.spec.model
         u_b: dict[str, float | None] = {}
-        best = None
+        best = other = None
         for u_a, _, h in self._sized(view, ps).get(need, ()):
             g0 = gpus[h.gpus[0]]
             gpu_type = g0.gpu_type
@@ -187,10 +200,13 @@ class Lucid(SharingScheduler):
                 continue
             if self.interference.xi(a.spec.model, micro_a, model_b, per_gpu, gpu_type) is None:
                 continue
+            if self.foreign(job, a):
+                other = other or a
+                continue
             best = (u, h, gpu_type)
             break
         if best is None:
-            return None
+            return None if other is None else self.foreign_wait(job, other)
         u, h, gpu_type = best
         ps.claimed.update(h.gpus)
         try:

@@ -3,7 +3,8 @@
 The engine talks to a `PolicyStack` only: its queue order, its pass (the preemption layer owns the pass when
 there is one, asking the placement layer to start each job; otherwise the placement layer runs it), its
 calibration after per-rank reports, and its timer. `PolicyHandle` is what a factory hands a policy: the
-performance model, the interference predictor, the MPS-share model and a seeded RNG, so no policy loads anything itself.
+performance model, the interference predictor, the MPS-share model and a seeded RNG, so no policy loads anything itself,
+and what the cluster allows (whether GPUs serve one user at a time).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class PolicyHandle:
     seed: int = 1
     rng: random.Random = field(default=None, compare=False)  # type: ignore[assignment]
     mps_share: object | None = None  # meshsched.perf.mps_share.MpsShareModel (None: the gimbal builder loads it)
+    # A property of the cluster: GPUs are shared through MPS by jobs of several users, and an MPS server serves
+    # one user at a time, so a sharing policy pairs only jobs of the same user (meshd: MPS on and submit_users).
+    one_user_per_gpu: bool = False
 
     def __post_init__(self) -> None:
         if self.rng is None:

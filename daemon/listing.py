@@ -1,0 +1,103 @@
+"""meshd's job listings: the squeue table `mesh ls` prints (rendered here, passed through by the CLI) and the job
+views `mesh ls --json` prints (encoded here), cached per job between changes.
+
+A job's row or encoded view depends, besides the clock, on its record and on the engine's pending reason for it.
+Every record change ends in `Journal.put`, which stamps the job with the journal's write count, and every engine
+event ends a journal write; so while the write count has not moved every cached piece holds, and after it moved a
+piece holds while its job's stamp and pending reason are what they were when it was made. Jobs whose view moves
+with the clock (started and not ended: TIME, done_iterations; or with throughput reports) are made afresh per
+request, and their pieces from before they started are dropped when that is seen (it took a write). A listing of 1,000 queued jobs is one join of cached pieces, and a submit or a cancel remakes only the
+pieces of the jobs it changed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from meshsched.cli.jobs import JOBS_HEADER, jobs_row
+from meshsched.cli.output import columns
+
+PRIVATE = ("command", "cwd", "job_dir", "output", "error", "rank_reports")  # not listed to other users
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps(..., separators) makes one a call
+
+
+class Listings:
+    def __init__(self, daemon) -> None:
+        self.daemon = daemon
+        self._at = {"rows": -1, "views": -1}  # the journal's write count when each cache was last checked
+        self._rows: dict[str, tuple[tuple, tuple[str, ...]]] = {}  # job -> (key, its table row)
+        self._views: dict[str, list] = {}  # job -> [key, its encoded view, the same without PRIVATE]
+
+    def _unchanged(self, cache: str) -> bool:
+        """Nothing was written since `cache` was last checked (every piece in it holds)."""
+        writes = self.daemon.journal.writes
+        same, self._at[cache] = writes == self._at[cache], writes
+        return same
+
+    def _key(self, rec) -> tuple | None:
+        """What a job's piece depends on besides the clock: its record's stamp and, while it is queued, its pending
+        reason. None: the piece moves with the clock (never cached)."""
+        d = self.daemon
+        if (rec.start_time is not None and rec.end_time is None) or rec.job_id in d.throughput:
+            return None
+        job = d.engine.state.jobs.get(rec.job_id)
+        queued = job is not None and job.state.is_queued
+        return d.journal.stamps.get(rec.job_id), d.engine.pending_reason(rec.job_id) if queued else ""
+
+    def table(self, recs: list) -> bytes:
+        """The `mesh ls` table of `recs` (header first), UTF-8."""
+        same, now, rows, cache = self._unchanged("rows"), time.time(), [JOBS_HEADER], self._rows
+        for rec in recs:
+            hit = cache.get(rec.job_id)
+            if hit is not None and same:
+                rows.append(hit[1])
+                continue
+            key = self._key(rec)
+            if hit is None or key is None or hit[0] != key:
+                hit = (key, jobs_row(self.brief(rec, now)))
+                if key is not None:
+                    cache[rec.job_id] = hit
+                else:  # it moves with the clock now: no piece of it may be served while nothing is written
+                    cache.pop(rec.job_id, None)
+            rows.append(hit[1])
+        return ("\n".join(columns(rows)) + "\n").encode()
+
+    def views(self, recs: list, uid: int | None, operator: bool) -> bytes:
+        """The JSON list of the job views of `recs`; a user who is not an operator sees other users' jobs
+        without their PRIVATE fields (the queue is public, what others run and where is not)."""
+        same, now, out, cache = self._unchanged("views"), time.time(), [], self._views
+        for rec in recs:
+            slot = 1 if operator or rec.uid == uid else 2
+            hit = cache.get(rec.job_id)
+            if hit is not None and same and hit[slot] is not None:
+                out.append(hit[slot])
+                continue
+            key = self._key(rec)
+            if hit is None or key is None or hit[0] != key:
+                hit = [key, None, None]
+                if key is not None:
+                    cache[rec.job_id] = hit
+                else:  # it moves with the clock now: no piece of it may be served while nothing is written
+                    cache.pop(rec.job_id, None)
+            if hit[slot] is None:
+                view = self.daemon.job_view(rec, now)
+                if slot == 2:
+                    view = {k: v for k, v in view.items() if k not in PRIVATE}
+                hit[slot] = _encode(view).encode()
+            out.append(hit[slot])
+        return b"[" + b",".join(out) + b"]"
+
+    def brief(self, rec, now: float) -> dict:
+        """job_view's squeue columns only: the same values at a fraction of the cost."""
+        d = self.daemon
+        job, start = d.engine.state.jobs.get(rec.job_id), rec.start_time
+        queued = job is not None and job.state.is_queued
+        holds = job is not None and job.state.holds_gpus
+        out = {"job_id": rec.job_id, "name": rec.name, "user": rec.user, "state": rec.state, "gpus": rec.gpus,
+               "node": rec.node, "reason": d.engine.pending_reason(rec.job_id) if queued else rec.reason,
+               "elapsed": 0.0 if start is None else max(0.0, (rec.end_time or now) - start),
+               "partners": d.partners(job) if holds else [], "exec": rec.exec if holds else None}
+        if rec.cancelling and holds:  # as job_view says it
+            out["state"], out["reason"] = "COMPLETING", "cancelled; waiting for its processes to exit"
+        return out
