@@ -40,6 +40,7 @@ from meshsched.policies.queue import QueueScheduler, ShortestRemaining
 from meshsched.state import Job, JobState
 
 HOUR_S = 3600.0
+LOADING_MODES = ("preempt", "spare", "last", "defer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,18 +93,27 @@ class Lazer:
     periodic = False
     order = ShortestRemaining()
 
-    def __init__(self, perf, config: OptimizerConfig | None = None, name: str = "lazer", spare_loading: bool = False
-                 ) -> None:
+    def __init__(self, perf, config: OptimizerConfig | None = None, name: str = "lazer", spare_loading: bool = False,
+                 loading: str | None = None, release_preempts: bool = False) -> None:
         self.name = name
         self.perf = perf
         self.config = config or OptimizerConfig()
-        self.spare_loading = spare_loading  # never a candidate while loading (beyond the paper; see orchestrate)
+        # what Algorithm 2 does with a candidate still loading (see orchestrate): preempt (the paper), spare,
+        # last, defer (beyond the paper)
+        self.loading = loading or ("spare" if spare_loading else "preempt")
+        self.release_preempts = release_preempts  # queued jobs preempt at a release, as in SRTF (beyond the paper)
+        if self.loading not in LOADING_MODES:
+            raise ValueError(f"loading must be one of {', '.join(LOADING_MODES)}, not {self.loading!r}")
         self._opt = DeferralOptimizer(self.config)
         self._synced: OptimizerState | None = None  # the optimiser state this copy last wrote to the memory
         self._model: object | None = None  # the model last installed from the view
         self._asked = 0  # observations in the last fit asked for (not memory: after a restart, ask again)
 
     # ------------------------------------------------------------------ the layer's protocol
+
+    @property
+    def spare_loading(self) -> bool:
+        return self.loading == "spare"
 
     def queue_key(self, job: Job) -> tuple:
         return self.order.priority(job, job.since)
@@ -151,7 +161,10 @@ class Lazer:
             mem = replace(mem, deferrals=live)
         evicted: set[str] = set()
         if cycle.trigger is Trigger.RELEASE:
-            self._complete(view, cycle, placement, out)
+            if self.release_preempts:
+                mem = self._release_pass(view, cycle, placement, mem, evicted, out)
+            else:
+                self._complete(view, cycle, placement, out)
         started = {d.job_id for d in out}
         for d in sorted(expired, key=lambda d: (d.until, d.job_id)):  # Algorithm 1, lines 8-10
             job = view.job(d.job_id)
@@ -182,6 +195,69 @@ class Lazer:
             elif placement.monotone:
                 no_start = need
 
+    def _release_pass(self, view, cycle, placement, mem: LazerMemory, evicted: set[str], out: list[Decision]
+                      ) -> LazerMemory:
+        """`release=preempt` (beyond the paper) in place of the completion handler: SRTF's release pass. Queued
+        jobs, shortest remaining first, start on free GPUs, or wait for GPUs being freed (a checkpoint being
+        saved for them), or, if not deferred, preempt strictly longer running jobs (Algorithm 2 over the free
+        and the freeing GPUs; no deferral, but `loading=defer` still waits for a loading victim's load); the
+        spot is held for them, so a longer queued job cannot take it. The paper lets a WQ job wait for a
+        completion because it had a lower priority than the running jobs when it arrived; a job left in WQ
+        because its candidates were held in DRQ, or had gone when its deferral ended, did not, and SRTF would
+        run it at this release."""
+        now, plan = cycle.now, cycle.plan
+        held = {v for d in mem.deferrals for v in d.victims} | evicted
+        deferred = {d.job_id for d in mem.deferrals}
+        soon = view.pausing_by_node()  # GPUs being freed, not yet promised in this pass
+        ranked = self.order.worst_first(view.holding(), now)
+        longest = ranked[0][0][0] if ranked else -math.inf  # no queued job this long or longer preempts anyone
+        no_start = no_evict = view.total_gpus + 1  # N GPUs did not start / get room: nor do N or more later
+        for job in view.queue():
+            need = job.spec.gpus
+            if need > view.total_gpus:
+                continue
+            if need < no_start:
+                d = placement.try_start(view, cycle, job)
+                if isinstance(d, Start):
+                    out.append(d)
+                    continue
+                if placement.monotone:
+                    no_start = need
+            if job.job_id in deferred or need >= no_evict or self.order.priority(job, now)[0] >= longest:
+                continue
+            pool = plan.free_map()
+            for node, n in soon.items():
+                pool[node] = pool.get(node, 0) + n
+            spot = plan.compact(pool, need)
+            if spot is None:  # room has to be made
+                found = self.orchestrate(view, cycle, job, held, pool)
+                if found is None:
+                    no_evict = need
+                    continue
+                victims = tuple(v.job_id for v in found.victims)
+                held.update(victims)
+                loaded = self._loads_end(found.victims) if self.loading == "defer" else now
+                if loaded > now:
+                    mem = replace(mem, deferrals=mem.deferrals + (Deferral(job.job_id, loaded, victims),))
+                    out.append(Defer(job.job_id, loaded, f"Deferred ({self.name}: preempting {','.join(victims)} "
+                                                         f"in {loaded - now:.0f}s, when their loads end)"))
+                    continue
+                for v in found.victims:
+                    evicted.add(v.job_id)
+                    out.append(Evict(v.job_id, f"{self.name}: preempted for {job.job_id}"))
+                    for g in v.gpus:
+                        node = view.node_of(g)
+                        soon[node] = soon.get(node, 0) + 1
+                spot = found.spot
+            for node, count in spot:  # hold the spot: its free GPUs now, the freeing ones are promised
+                rest = count - plan.withhold(node, count)
+                if rest:
+                    if soon.get(node, 0) > rest:
+                        soon[node] -= rest
+                    else:
+                        soon.pop(node, None)
+        return mem
+
     # ------------------------------------------------------------------ Algorithm 1 for one job
 
     def _consider(self, view, cycle, placement, job: Job, mem: LazerMemory, evicted: set[str], out: list[Decision],
@@ -198,6 +274,8 @@ class Lazer:
                 out.append(Wait(job.job_id, f"{self.name}: deferral over; no lower-priority jobs to preempt (WQ)"))
             return mem
         names = ",".join(v.job_id for v in found.victims)
+        victims = tuple(v.job_id for v in found.victims)
+        loaded = self._loads_end(found.victims) if self.loading == "defer" else now  # J_r's loads end then
         if may_defer:
             remaining = job.remaining_time(now)
             ctx = DeferralContext(
@@ -206,12 +284,19 @@ class Lazer:
             )
             s = self._opt.decide(ctx)
             mem = replace(mem, pending=mem.pending + (PendingMeasure(now, job.job_id, remaining, ctx, s.x),))
-            if s.x > 0.0:
-                until = now + s.x
-                mem = replace(mem, deferrals=mem.deferrals + (Deferral(job.job_id, until, tuple(v.job_id for v in found.victims)),))
-                out.append(Defer(job.job_id, until, f"Deferred ({self.name}: preempting {names} in {s.x:.0f}s, "
-                                                    f"X from the {s.stage.value} stage)"))
+            until = max(now + s.x, loaded)
+            if until > now:
+                mem = replace(mem, deferrals=mem.deferrals + (Deferral(job.job_id, until, victims),))
+                why = (f"X from the {s.stage.value} stage" if until == now + s.x
+                       else f"until their loads end; X = {s.x:.0f}s from the {s.stage.value} stage")
+                out.append(Defer(job.job_id, until, f"Deferred ({self.name}: preempting {names} in "
+                                                    f"{until - now:.0f}s, {why})"))
                 return mem
+        elif loaded > now:  # loading=defer: a victim started loading during the deferral; wait for its load
+            mem = replace(mem, deferrals=mem.deferrals + (Deferral(job.job_id, loaded, victims),))
+            out.append(Defer(job.job_id, loaded, f"Deferred ({self.name}: preempting {names} in "
+                                                 f"{loaded - now:.0f}s, when their loads end)"))
+            return mem
         for v in found.victims:
             evicted.add(v.job_id)
             out.append(Evict(v.job_id, f"{self.name}: preempted for {job.job_id}"))
@@ -219,18 +304,24 @@ class Lazer:
             cycle.plan.withhold(node, count)
         return mem
 
-    def orchestrate(self, view: ClusterView, cycle: Cycle, job: Job, held: set[str]) -> Orchestrated | None:
+    def orchestrate(self, view: ClusterView, cycle: Cycle, job: Job, held: set[str],
+                    pool: dict[str, int] | None = None) -> Orchestrated | None:
         """Algorithm 2: running jobs (not pausing, not in `held`: DRQ or already evicted) with a strictly longer
         remaining time than `job`, longest first, until they and the free GPUs make a compact spot for it;
         only those on the spot are J_r. None if no such set exists. With `spare_loading`, a job still loading is
         no candidate either: preempting it is by definition a futile preemption (Eq. 2), which the paper's
         orchestrator allows and only the deferral avoids."""
         now = cycle.now
-        loading = JobState.LOADING if self.spare_loading else None
-        ranked = [(p, j) for p, j in self.order.worst_first(view.holding(), now)
-                  if j.job_id not in held and j.state is not loading]
+        prio = self.order.priority(job, now)
+        ranked = [(p, j) for p, j in self.order.worst_first(view.holding(), now) if j.job_id not in held]
+        if self.loading != "preempt":
+            loading = JobState.LOADING
+            eligible = [(p, j) for p, j in ranked if p[0] > prio[0]]  # Algorithm 2's preemption condition
+            ranked = [(p, j) for p, j in eligible if j.state is not loading]
+            if self.loading != "spare":  # last, defer: loading candidates only after every other one
+                ranked += [(p, j) for p, j in eligible if j.state is loading]
         spot, chosen = QueueScheduler._room_by_eviction(
-            view, cycle.plan, cycle.plan.free_map(), job.spec.gpus, self.order.priority(job, now), ranked, held
+            view, cycle.plan, cycle.plan.free_map() if pool is None else dict(pool), job.spec.gpus, prio, ranked, held
         )
         if spot is None:
             return None
@@ -283,6 +374,10 @@ class Lazer:
 
     def _load(self, job: Job) -> float:
         return _overhead(self.perf, "load_time", job.spec.model)
+
+    def _loads_end(self, victims: tuple[Job, ...]) -> float:
+        """When the last of `victims` still loading ends its load (-inf if none is loading)."""
+        return max((v.since + self._load(v) for v in victims if v.state is JobState.LOADING), default=-math.inf)
 
     def _pause(self, job: Job) -> float:
         # a job still loading has nothing new to save: it stops at once
