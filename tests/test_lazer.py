@@ -89,6 +89,61 @@ def test_a_loading_job_is_a_candidate_unless_spared(spec, expected):
     assert (None if found is None else {v.job_id for v in found.victims}) == expected
 
 
+@pytest.mark.parametrize(("spec", "expected"), [("lazer", {"l"}), ("lazer:loading=last", {"r"}),
+                                              ("lazer:loading=defer", {"r"}), ("lazer:loading=spare", {"r"})])
+def test_a_loading_job_is_taken_last_by_loading_last(spec, expected):
+    """n0: l (8000 s left) still loading; n1: r (7000 s) running. Algorithm 2 takes the longest, l; `last` and
+    `defer` take the loading job only when the others do not suffice, as `spare` never does."""
+    perf = LinearPerf(LOAD, PAUSE)
+    engine = Engine(make_policy(spec, PolicyHandle(perf=perf)), ProfileEstimator(perf))
+    for n in ("n0", "n1"):
+        engine.handle(ev.NodeJoined(f"join-{n}", NodeSpec(n, 4, "fake", 16384)), 0.0)
+    engine.handle(ev.JobSubmitted("s-r", _spec("r", 4, 7000)), 0.0)
+    engine.handle(ev.JobStarted("l-r", "r"), 0.0)
+    engine.handle(ev.JobSubmitted("s-l", _spec("l", 4, 8000)), 0.0)
+    assert engine.state.jobs["l"].state is JobState.LOADING
+    view = engine.view()
+    lazer: Lazer = engine.policy.preemption
+    job = Job(_spec("new", 4, 1000), ideal_step_time=1.0, since=0.0, progress_time=0.0)
+    found = lazer.orchestrate(view, Cycle(view, 1.0, Trigger.ARRIVAL), job, set())
+    assert {v.job_id for v in found.victims} == expected
+    if lazer.loading in ("last", "defer"):  # with r held in a deferral, the loading job is the only candidate
+        found = lazer.orchestrate(view, Cycle(view, 1.0, Trigger.ARRIVAL), job, {"r"})
+        assert {v.job_id for v in found.victims} == {"l"}
+
+
+def test_loading_defer_waits_until_the_victims_load_ends():
+    """l starts loading at 0 (10 s); `new`, shorter, arrives at 1 with X < 9 s from the optimiser: the paper's
+    Lazer preempts l mid-load after X (futile, Eq. 2); `loading=defer` defers until l's load ends at 10.
+    The deferral ends at the instant of l's JobLoaded, an event with no pass: the engine used to drop the
+    deferral's timer then, and `new` waited for l's completion (this test failed before that fix)."""
+    seed, x = _seed_with_first_x(0.5, 8.0)
+    jobs = [_spec("l", 4, 8000, 0.0), _spec("new", 4, 1000, 1.0)]
+    paper = _run(jobs, f"lazer:seed={seed}").engine
+    assert paper.state.jobs["l"].acct.futile_preemptions == 1
+    lazer = _run(jobs, f"lazer:seed={seed}:loading=defer").engine
+    assert sum(j.acct.futile_preemptions for j in lazer.state.jobs.values()) == 0
+    evicted = [e for e in lazer.explain("l") if "preempted for new" in e.message]
+    assert [e.time for e in evicted] == [pytest.approx(LOAD)]
+    deferred = [e for e in lazer.explain("new") if e.message.startswith("deferred")]
+    assert [e.time for e in deferred] == [1.0] and "until their loads end" in deferred[0].message
+    assert all(j.state is JobState.COMPLETED for j in lazer.state.jobs.values())
+
+
+def test_release_preempt_runs_a_queued_job_as_srtf_would():
+    """r1 (2 GPUs, 100 s) and r2 (2 GPUs, 5000 s) run; w (4 GPUs, 3000 s) arrives at 1: r1 is shorter, so
+    Algorithm 2 finds no J_r and w waits (WQ). r1's completion frees 2 GPUs, too few for w: the paper's
+    completion handler leaves w waiting for r2's end; `release=preempt` preempts r2 for it then, as SRTF."""
+    jobs = [_spec("r1", 2, 100, 0.0), _spec("r2", 2, 5000, 0.0), _spec("w", 4, 3000, 1.0)]
+    done = LOAD + 100.0
+    paper = _run(jobs, "lazer").engine.state.jobs
+    assert paper["w"].acct.first_start >= LOAD + 5000.0 and paper["r2"].acct.preemptions == 0
+    ours = _run(jobs, "lazer:release=preempt").engine.state.jobs
+    assert ours["r2"].acct.preemptions == 1
+    assert ours["w"].acct.first_start == pytest.approx(done + PAUSE)
+    assert all(j.state is JobState.COMPLETED for j in ours.values())
+
+
 # ------------------------------------------------------------------------------------------ Eq. 2 by hand
 
 
@@ -269,7 +324,8 @@ def test_registry_parses_lazer_and_its_parameters():
         ("lazer:xmax=0", "positive"),
         ("lazer:refit=two", "refit must be int"),
         ("lazer:depth=3", "no parameter 'depth'"),
-        ("lazer:loading=maybe", "loading must be one of preempt, spare"),
+        ("lazer:loading=maybe", "loading must be one of preempt, spare, last, defer"),
+        ("lazer:release=never", "release must be one of start, preempt"),
     ],
 )
 def test_registry_refuses_what_makes_no_sense(spec, message):

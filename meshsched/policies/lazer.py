@@ -308,18 +308,26 @@ class Lazer:
                     pool: dict[str, int] | None = None) -> Orchestrated | None:
         """Algorithm 2: running jobs (not pausing, not in `held`: DRQ or already evicted) with a strictly longer
         remaining time than `job`, longest first, until they and the free GPUs make a compact spot for it;
-        only those on the spot are J_r. None if no such set exists. With `spare_loading`, a job still loading is
-        no candidate either: preempting it is by definition a futile preemption (Eq. 2), which the paper's
-        orchestrator allows and only the deferral avoids."""
+        only those on the spot are J_r. None if no such set exists. `pool`: the GPUs per node to count as free
+        (default: the plan's free ones). Beyond the paper: preempting a job still loading is by definition a
+        futile preemption (Eq. 2), which the paper's orchestrator allows and only the deferral avoids; with
+        `loading=spare` such a job is no candidate; with `last` (and `defer`) it is taken only when the others
+        do not suffice, and so is, before it, a running job that has not yet trained for as long as its load
+        took (preempting it right after its load throws that load away as surely, though Eq. 2 does not count
+        it)."""
         now = cycle.now
         prio = self.order.priority(job, now)
         ranked = [(p, j) for p, j in self.order.worst_first(view.holding(), now) if j.job_id not in held]
         if self.loading != "preempt":
             loading = JobState.LOADING
             eligible = [(p, j) for p, j in ranked if p[0] > prio[0]]  # Algorithm 2's preemption condition
-            ranked = [(p, j) for p, j in eligible if j.state is not loading]
-            if self.loading != "spare":  # last, defer: loading candidates only after every other one
-                ranked += [(p, j) for p, j in eligible if j.state is loading]
+            if self.loading == "spare":
+                ranked = [(p, j) for p, j in eligible if j.state is not loading]
+            else:  # last, defer: those whose load has paid off first, then the others, then the loading ones
+                tiers: tuple[list, list, list] = ([], [], [])
+                for p, j in eligible:
+                    tiers[2 if j.state is loading else 0 if now - j.since >= self._load(j) else 1].append((p, j))
+                ranked = tiers[0] + tiers[1] + tiers[2]
         spot, chosen = QueueScheduler._room_by_eviction(
             view, cycle.plan, cycle.plan.free_map() if pool is None else dict(pool), job.spec.gpus, prio, ranked, held
         )
