@@ -21,13 +21,13 @@ it was started from the wait queue on GPUs a completion freed (or a pause that w
 arrival on free GPUs (read from the decisions: an Evict's reason names the job it was for). After the table, the
 issue's targets: Lazer's futile GPU time / SRTF's, its median JCT / SRTF's, its mean JCT / SJF's, per regime,
 and the `unpaid` loads: preemptions of a running job that had trained for less time than its load took (not
-futile by Eq. 2, but most of that load is lost too: the check that `loading=defer` does not just move the
-waste past the load's end).
+futile by Eq. 2, but most of that load is lost too: the check that sparing loading jobs does not just move
+the waste past the load's end).
 `lazer-oracle` (not a policy: a bound) is Lazer whose X is, at every decision, the hindsight F of Eq. 4 computed
 from the trace's future arrivals: what a perfect deferral predictor would do with Lazer's objective.
 `lazer:loading=spare` is Lazer whose orchestrator never picks a job still loading, `loading=last` picks one
-only if the others do not suffice, `loading=defer` also defers until its load ends, `release=preempt` runs
-SRTF's release pass for queued jobs (all beyond the paper; meshsched/policies/lazer.py). GP fits are not in the pass: the simulator runs them as
+only if the others do not suffice, after the running jobs that have not yet trained as long as their load
+took (both beyond the paper; meshsched/policies/lazer.py). GP fits are not in the pass: the simulator runs them as
 FitModel actions (meshd runs them in a worker process); their count and total seconds are reported apart.
 Timings on a shared 2-core machine are noisy. Not a test.
 """
@@ -41,7 +41,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 BUSIEST = (729.865 * 3600, 740 * 3600)
-POLICIES = ("srtf", "srtf@60", "srtf@360", "sjf", "lazer", "lazer:loading=spare", "lazer:loading=defer", "lazer-oracle")
+POLICIES = ("srtf", "srtf@60", "srtf@360", "sjf", "lazer", "lazer:loading=spare", "lazer:loading=last", "lazer-oracle")
 
 
 def _pct(xs: list[float], q: float) -> float:

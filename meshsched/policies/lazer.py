@@ -40,7 +40,7 @@ from meshsched.policies.queue import QueueScheduler, ShortestRemaining
 from meshsched.state import Job, JobState
 
 HOUR_S = 3600.0
-LOADING_MODES = ("preempt", "spare", "last", "defer")
+LOADING_MODES = ("preempt", "spare", "last")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +94,13 @@ class Lazer:
     order = ShortestRemaining()
 
     def __init__(self, perf, config: OptimizerConfig | None = None, name: str = "lazer", spare_loading: bool = False,
-                 loading: str | None = None, release_preempts: bool = False) -> None:
+                 loading: str | None = None) -> None:
         self.name = name
         self.perf = perf
         self.config = config or OptimizerConfig()
-        # what Algorithm 2 does with a candidate still loading (see orchestrate): preempt (the paper), spare,
-        # last, defer (beyond the paper)
+        # what Algorithm 2 does with a candidate still loading (see orchestrate): preempt (the paper), spare or
+        # last (beyond the paper)
         self.loading = loading or ("spare" if spare_loading else "preempt")
-        self.release_preempts = release_preempts  # queued jobs preempt at a release, as in SRTF (beyond the paper)
         if self.loading not in LOADING_MODES:
             raise ValueError(f"loading must be one of {', '.join(LOADING_MODES)}, not {self.loading!r}")
         self._opt = DeferralOptimizer(self.config)
@@ -161,10 +160,7 @@ class Lazer:
             mem = replace(mem, deferrals=live)
         evicted: set[str] = set()
         if cycle.trigger is Trigger.RELEASE:
-            if self.release_preempts:
-                mem = self._release_pass(view, cycle, placement, mem, evicted, out)
-            else:
-                self._complete(view, cycle, placement, out)
+            self._complete(view, cycle, placement, out)
         started = {d.job_id for d in out}
         for d in sorted(expired, key=lambda d: (d.until, d.job_id)):  # Algorithm 1, lines 8-10
             job = view.job(d.job_id)
@@ -195,69 +191,6 @@ class Lazer:
             elif placement.monotone:
                 no_start = need
 
-    def _release_pass(self, view, cycle, placement, mem: LazerMemory, evicted: set[str], out: list[Decision]
-                      ) -> LazerMemory:
-        """`release=preempt` (beyond the paper) in place of the completion handler: SRTF's release pass. Queued
-        jobs, shortest remaining first, start on free GPUs, or wait for GPUs being freed (a checkpoint being
-        saved for them), or, if not deferred, preempt strictly longer running jobs (Algorithm 2 over the free
-        and the freeing GPUs; no deferral, but `loading=defer` still waits for a loading victim's load); the
-        spot is held for them, so a longer queued job cannot take it. The paper lets a WQ job wait for a
-        completion because it had a lower priority than the running jobs when it arrived; a job left in WQ
-        because its candidates were held in DRQ, or had gone when its deferral ended, did not, and SRTF would
-        run it at this release."""
-        now, plan = cycle.now, cycle.plan
-        held = {v for d in mem.deferrals for v in d.victims} | evicted
-        deferred = {d.job_id for d in mem.deferrals}
-        soon = view.pausing_by_node()  # GPUs being freed, not yet promised in this pass
-        ranked = self.order.worst_first(view.holding(), now)
-        longest = ranked[0][0][0] if ranked else -math.inf  # no queued job this long or longer preempts anyone
-        no_start = no_evict = view.total_gpus + 1  # N GPUs did not start / get room: nor do N or more later
-        for job in view.queue():
-            need = job.spec.gpus
-            if need > view.total_gpus:
-                continue
-            if need < no_start:
-                d = placement.try_start(view, cycle, job)
-                if isinstance(d, Start):
-                    out.append(d)
-                    continue
-                if placement.monotone:
-                    no_start = need
-            if job.job_id in deferred or need >= no_evict or self.order.priority(job, now)[0] >= longest:
-                continue
-            pool = plan.free_map()
-            for node, n in soon.items():
-                pool[node] = pool.get(node, 0) + n
-            spot = plan.compact(pool, need)
-            if spot is None:  # room has to be made
-                found = self.orchestrate(view, cycle, job, held, pool)
-                if found is None:
-                    no_evict = need
-                    continue
-                victims = tuple(v.job_id for v in found.victims)
-                held.update(victims)
-                loaded = self._loads_end(found.victims) if self.loading == "defer" else now
-                if loaded > now:
-                    mem = replace(mem, deferrals=mem.deferrals + (Deferral(job.job_id, loaded, victims),))
-                    out.append(Defer(job.job_id, loaded, f"Deferred ({self.name}: preempting {','.join(victims)} "
-                                                         f"in {loaded - now:.0f}s, when their loads end)"))
-                    continue
-                for v in found.victims:
-                    evicted.add(v.job_id)
-                    out.append(Evict(v.job_id, f"{self.name}: preempted for {job.job_id}"))
-                    for g in v.gpus:
-                        node = view.node_of(g)
-                        soon[node] = soon.get(node, 0) + 1
-                spot = found.spot
-            for node, count in spot:  # hold the spot: its free GPUs now, the freeing ones are promised
-                rest = count - plan.withhold(node, count)
-                if rest:
-                    if soon.get(node, 0) > rest:
-                        soon[node] -= rest
-                    else:
-                        soon.pop(node, None)
-        return mem
-
     # ------------------------------------------------------------------ Algorithm 1 for one job
 
     def _consider(self, view, cycle, placement, job: Job, mem: LazerMemory, evicted: set[str], out: list[Decision],
@@ -274,8 +207,6 @@ class Lazer:
                 out.append(Wait(job.job_id, f"{self.name}: deferral over; no lower-priority jobs to preempt (WQ)"))
             return mem
         names = ",".join(v.job_id for v in found.victims)
-        victims = tuple(v.job_id for v in found.victims)
-        loaded = self._loads_end(found.victims) if self.loading == "defer" else now  # J_r's loads end then
         if may_defer:
             remaining = job.remaining_time(now)
             ctx = DeferralContext(
@@ -284,19 +215,12 @@ class Lazer:
             )
             s = self._opt.decide(ctx)
             mem = replace(mem, pending=mem.pending + (PendingMeasure(now, job.job_id, remaining, ctx, s.x),))
-            until = max(now + s.x, loaded)
-            if until > now:
-                mem = replace(mem, deferrals=mem.deferrals + (Deferral(job.job_id, until, victims),))
-                why = (f"X from the {s.stage.value} stage" if until == now + s.x
-                       else f"until their loads end; X = {s.x:.0f}s from the {s.stage.value} stage")
-                out.append(Defer(job.job_id, until, f"Deferred ({self.name}: preempting {names} in "
-                                                    f"{until - now:.0f}s, {why})"))
+            if s.x > 0.0:
+                until = now + s.x
+                mem = replace(mem, deferrals=mem.deferrals + (Deferral(job.job_id, until, tuple(v.job_id for v in found.victims)),))
+                out.append(Defer(job.job_id, until, f"Deferred ({self.name}: preempting {names} in {s.x:.0f}s, "
+                                                    f"X from the {s.stage.value} stage)"))
                 return mem
-        elif loaded > now:  # loading=defer: a victim started loading during the deferral; wait for its load
-            mem = replace(mem, deferrals=mem.deferrals + (Deferral(job.job_id, loaded, victims),))
-            out.append(Defer(job.job_id, loaded, f"Deferred ({self.name}: preempting {names} in "
-                                                 f"{loaded - now:.0f}s, when their loads end)"))
-            return mem
         for v in found.victims:
             evicted.add(v.job_id)
             out.append(Evict(v.job_id, f"{self.name}: preempted for {job.job_id}"))
@@ -304,17 +228,15 @@ class Lazer:
             cycle.plan.withhold(node, count)
         return mem
 
-    def orchestrate(self, view: ClusterView, cycle: Cycle, job: Job, held: set[str],
-                    pool: dict[str, int] | None = None) -> Orchestrated | None:
+    def orchestrate(self, view: ClusterView, cycle: Cycle, job: Job, held: set[str]) -> Orchestrated | None:
         """Algorithm 2: running jobs (not pausing, not in `held`: DRQ or already evicted) with a strictly longer
         remaining time than `job`, longest first, until they and the free GPUs make a compact spot for it;
-        only those on the spot are J_r. None if no such set exists. `pool`: the GPUs per node to count as free
-        (default: the plan's free ones). Beyond the paper: preempting a job still loading is by definition a
-        futile preemption (Eq. 2), which the paper's orchestrator allows and only the deferral avoids; with
-        `loading=spare` such a job is no candidate; with `last` (and `defer`) it is taken only when the others
-        do not suffice, and so is, before it, a running job that has not yet trained for as long as its load
-        took (preempting it right after its load throws that load away as surely, though Eq. 2 does not count
-        it)."""
+        only those on the spot are J_r. None if no such set exists. Beyond the paper: preempting a job still
+        loading is by definition a futile preemption (Eq. 2), which the paper's orchestrator allows and only the
+        deferral avoids; with `loading=spare` such a job is no candidate; with `last` it is taken only when the
+        others do not suffice, and so is, before it, a running job that has not yet trained for as long as its
+        load took (preempting it right after its load throws that load away as surely, though Eq. 2 does not
+        count it: without this tier the waste moves just past the load's end, measured)."""
         now = cycle.now
         prio = self.order.priority(job, now)
         ranked = [(p, j) for p, j in self.order.worst_first(view.holding(), now) if j.job_id not in held]
@@ -323,13 +245,13 @@ class Lazer:
             eligible = [(p, j) for p, j in ranked if p[0] > prio[0]]  # Algorithm 2's preemption condition
             if self.loading == "spare":
                 ranked = [(p, j) for p, j in eligible if j.state is not loading]
-            else:  # last, defer: those whose load has paid off first, then the others, then the loading ones
+            else:  # last: those whose load has paid off first, then the others, then the loading ones
                 tiers: tuple[list, list, list] = ([], [], [])
                 for p, j in eligible:
                     tiers[2 if j.state is loading else 0 if now - j.since >= self._load(j) else 1].append((p, j))
                 ranked = tiers[0] + tiers[1] + tiers[2]
         spot, chosen = QueueScheduler._room_by_eviction(
-            view, cycle.plan, cycle.plan.free_map() if pool is None else dict(pool), job.spec.gpus, prio, ranked, held
+            view, cycle.plan, cycle.plan.free_map(), job.spec.gpus, prio, ranked, held
         )
         if spot is None:
             return None
@@ -382,10 +304,6 @@ class Lazer:
 
     def _load(self, job: Job) -> float:
         return _overhead(self.perf, "load_time", job.spec.model)
-
-    def _loads_end(self, victims: tuple[Job, ...]) -> float:
-        """When the last of `victims` still loading ends its load (-inf if none is loading)."""
-        return max((v.since + self._load(v) for v in victims if v.state is JobState.LOADING), default=-math.inf)
 
     def _pause(self, job: Job) -> float:
         # a job still loading has nothing new to save: it stops at once
