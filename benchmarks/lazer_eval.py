@@ -19,10 +19,15 @@ all passes. Futile preemptions are split by how the victim's thrown-away load be
 because jobs had been preempted for it (Lazer Eq. 2's j_k+1, the case Lazer's deferral targets), `completion` =
 it was started from the wait queue on GPUs a completion freed (or a pause that was not for it), `free` = at its
 arrival on free GPUs (read from the decisions: an Evict's reason names the job it was for). After the table, the
-issue's targets: Lazer's futile GPU time / SRTF's, its median JCT / SRTF's, its mean JCT / SJF's, per regime.
+issue's targets: Lazer's futile GPU time / SRTF's, its median JCT / SRTF's, its mean JCT / SJF's, per regime,
+and the `unpaid` loads: preemptions of a running job that had trained for less time than its load took (not
+futile by Eq. 2, but most of that load is lost too: the check that sparing loading jobs does not just move
+the waste past the load's end).
 `lazer-oracle` (not a policy: a bound) is Lazer whose X is, at every decision, the hindsight F of Eq. 4 computed
 from the trace's future arrivals: what a perfect deferral predictor would do with Lazer's objective.
-`lazer:loading=spare` is Lazer whose orchestrator never picks a job still loading (beyond the paper). GP fits are not in the pass: the simulator runs them as
+`lazer:loading=spare` is Lazer whose orchestrator never picks a job still loading, `loading=last` picks one
+only if the others do not suffice, after the running jobs that have not yet trained as long as their load
+took (both beyond the paper; meshsched/policies/lazer.py). GP fits are not in the pass: the simulator runs them as
 FitModel actions (meshd runs them in a worker process); their count and total seconds are reported apart.
 Timings on a shared 2-core machine are noisy. Not a test.
 """
@@ -36,7 +41,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 BUSIEST = (729.865 * 3600, 740 * 3600)
-POLICIES = ("srtf", "srtf@60", "srtf@360", "sjf", "lazer", "lazer:loading=spare", "lazer-oracle")
+POLICIES = ("srtf", "srtf@60", "srtf@360", "sjf", "lazer", "lazer:loading=spare", "lazer:loading=last", "lazer-oracle")
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -72,6 +77,7 @@ def run_one(task: tuple[str, str, int, int, str]) -> dict:
     origin: dict[str, str] = {}  # job -> how its current load began
     beneficiaries: set[str] = set()  # jobs something was preempted for, not started since
     futile = {k: [0, 0.0] for k in ("chain", "completion", "free")}  # origin -> [count, GPU-hours]
+    unpaid = [0, 0.0]  # preempted running before training as long as its load took: [count, GPU-hours of load]
 
     def timed(view, now, trigger):
         clock[0] = now
@@ -91,6 +97,9 @@ def run_one(task: tuple[str, str, int, int, str]) -> dict:
                     cell = futile[origin.get(v.job_id, "completion")]
                     cell[0] += 1
                     cell[1] += (now - v.since) * v.spec.gpus / 3600.0
+                elif v.state is JobState.RUNNING and now - v.since < (load := perf.load_time(v.spec.model)):
+                    unpaid[0] += 1  # not futile (Eq. 2), but it trained for less time than it had just loaded
+                    unpaid[1] += load * v.spec.gpus / 3600.0
                 beneficiaries.add(d.reason.rsplit(" ", 1)[-1])  # "...: preempted for JOB"
             elif isinstance(d, Start):
                 j = view.job(d.job_id)
@@ -123,6 +132,7 @@ def run_one(task: tuple[str, str, int, int, str]) -> dict:
                                   "mean": statistics.fmean(xs) if xs else float("nan"), "count": len(xs)}
     for k, (n, gh) in futile.items():
         doc[f"futile_{k}"] = {"count": n, "gpu_h": round(gh, 3)}
+    doc["unpaid_load"] = {"count": unpaid[0], "gpu_h": round(unpaid[1], 3)}
     doc["fits"] = len(fits)
     doc["fit_seconds"] = round(sum(fits), 1)
     mem = r.engine.memory
@@ -247,6 +257,9 @@ def main() -> None:
         print(table(docs))
         for t in targets(docs):
             met = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in t["met"].items())
+            d = next(d for d in docs if (d["regime"], d["policy"]) == (t["regime"], t["policy"]))
+            print(f"{t['regime']} {t['policy']}: unpaid loads {d['unpaid_load']['count']} "
+                  f"({d['unpaid_load']['gpu_h']:.2f} GPU-h)")
             print(f"{t['regime']} {t['policy']}: futile GPU-h {t['futile_gpu_h_vs_srtf']}x SRTF's "
                   f"(chain alone {t['futile_chain_gpu_h_vs_srtf']}x), median JCT {t['jct_p50_vs_srtf']}x SRTF's"
                   + (f", mean JCT {t['jct_mean_vs_sjf']}x SJF's" if "jct_mean_vs_sjf" in t else "") + f": {met}")

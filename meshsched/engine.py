@@ -115,7 +115,7 @@ class Engine:
             self._schedule(trigger, now, event.stimulus_id, actions, job_id)
         if self._recalibrate:
             self._calibrate_sharers(now, event.stimulus_id, actions)
-        self._arm_timer(now, actions)
+        self._arm_timer(now, actions, passed=trigger is not None)
         return actions
 
     # ---------------------------------------------------------------- queries
@@ -425,15 +425,16 @@ class Engine:
             else:
                 raise TypeError(f"policy returned {d!r}, which is no decision")
 
-    def _arm_timer(self, now: float, actions: list[Action]) -> None:
+    def _arm_timer(self, now: float, actions: list[Action], passed: bool) -> None:
         at = self._policy_at = self.policy.next_timer(self.view(), now)
         for times in (self._limits, self._begins):
             if times:
                 first = min(times.values())
                 at = first if at is None else min(at, first)
         if self._deferred:
-            for job_id in [j for j, t in self._deferred.items() if t <= now]:
-                del self._deferred[job_id]  # its deferral ran out: the pass that just ran saw it
+            if passed:  # a deferral that ran out was seen by the pass that just ran; else its pass is still due
+                for job_id in [j for j, t in self._deferred.items() if t <= now]:
+                    del self._deferred[job_id]
             if self._deferred:
                 first = min(self._deferred.values())
                 at = first if at is None else min(at, first)

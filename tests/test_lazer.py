@@ -12,7 +12,7 @@ from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
 from meshsched.policies.base import Cycle, Trigger
 from meshsched.policies.lazer import Lazer, LazerMemory
-from meshsched.policies.lazer_opt import OptimizerConfig, latin_hypercube
+from meshsched.policies.lazer_opt import DeferralOptimizer, OptimizerConfig, Stage, Suggestion, latin_hypercube
 from meshsched.policies.registry import UnknownPolicy, make_policy, parse_policy
 from meshsched.policies.stack import PolicyHandle
 from meshsched.sim.loop import ClusterSpec, simulate
@@ -87,6 +87,63 @@ def test_a_loading_job_is_a_candidate_unless_spared(spec, expected):
     job = Job(_spec("new", 4, 1000), ideal_step_time=1.0, since=0.0, progress_time=0.0)
     found = engine.policy.preemption.orchestrate(view, Cycle(view, 1.0, Trigger.ARRIVAL), job, set())
     assert (None if found is None else {v.job_id for v in found.victims}) == expected
+
+
+@pytest.mark.parametrize(("spec", "expected"), [("lazer", {"l"}), ("lazer:loading=last", {"r"}),
+                                              ("lazer:loading=spare", {"r"})])
+def test_a_loading_job_is_taken_last_by_loading_last(spec, expected):
+    """n0: l (8000 s left) still loading; n1: r (7000 s) running. Algorithm 2 takes the longest, l; `last`
+    takes the loading job only when the others do not suffice, `spare` never."""
+    perf = LinearPerf(LOAD, PAUSE)
+    engine = Engine(make_policy(spec, PolicyHandle(perf=perf)), ProfileEstimator(perf))
+    for n in ("n0", "n1"):
+        engine.handle(ev.NodeJoined(f"join-{n}", NodeSpec(n, 4, "fake", 16384)), 0.0)
+    engine.handle(ev.JobSubmitted("s-r", _spec("r", 4, 7000)), 0.0)
+    engine.handle(ev.JobStarted("l-r", "r"), 0.0)
+    engine.handle(ev.JobSubmitted("s-l", _spec("l", 4, 8000)), 0.0)
+    assert engine.state.jobs["l"].state is JobState.LOADING
+    view = engine.view()
+    lazer: Lazer = engine.policy.preemption
+    job = Job(_spec("new", 4, 1000), ideal_step_time=1.0, since=0.0, progress_time=0.0)
+    found = lazer.orchestrate(view, Cycle(view, 1.0, Trigger.ARRIVAL), job, set())
+    assert {v.job_id for v in found.victims} == expected
+    if lazer.loading == "last":  # with r held in a deferral, the loading job is the only candidate
+        found = lazer.orchestrate(view, Cycle(view, 1.0, Trigger.ARRIVAL), job, {"r"})
+        assert {v.job_id for v in found.victims} == {"l"}
+
+
+class _FixedX:
+    """Stands in for the optimiser: always suggests `x`."""
+
+    def __init__(self, x: float) -> None:
+        self.x, self._inner = x, DeferralOptimizer()
+
+    def decide(self, ctx):
+        return Suggestion(self.x, Stage.BOOTSTRAP)
+
+    def observe(self, context, x: float, f: float) -> bool:
+        return False
+
+    def needs_fit(self) -> bool:
+        return False
+
+    def state(self):
+        return self._inner.state()
+
+
+def test_a_deferral_ending_as_a_load_ends_still_gets_its_pass():
+    """l starts loading at 0 (10 s); `new`, shorter, arrives at 1 and is deferred by X = 9 s, to 10, the
+    instant of l's JobLoaded, an event that runs no pass. The engine used to drop the deferral's timer then,
+    and `new` waited for l's completion at 8010 (this test failed before that fix); now the orchestrator runs
+    again at 10 and preempts l."""
+    perf = LinearPerf(LOAD, PAUSE)
+    stack = make_policy("lazer", PolicyHandle(perf=perf))
+    stack.preemption._opt = _FixedX(9.0)
+    r = simulate([_spec("l", 4, 8000, 0.0), _spec("new", 4, 1000, 1.0)], stack, perf,
+                 ClusterSpec(1, 4, "fake", 16384), after_event=lambda e: e.state.validate())
+    evicted = [e for e in r.engine.explain("l") if "preempted for new" in e.message]
+    assert [e.time for e in evicted] == [pytest.approx(LOAD)]
+    assert r.engine.state.jobs["new"].acct.first_start == pytest.approx(LOAD + PAUSE)
 
 
 # ------------------------------------------------------------------------------------------ Eq. 2 by hand
@@ -269,7 +326,7 @@ def test_registry_parses_lazer_and_its_parameters():
         ("lazer:xmax=0", "positive"),
         ("lazer:refit=two", "refit must be int"),
         ("lazer:depth=3", "no parameter 'depth'"),
-        ("lazer:loading=maybe", "loading must be one of preempt, spare"),
+        ("lazer:loading=maybe", "loading must be one of preempt, spare, last"),
     ],
 )
 def test_registry_refuses_what_makes_no_sense(spec, message):

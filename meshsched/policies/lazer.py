@@ -40,6 +40,7 @@ from meshsched.policies.queue import QueueScheduler, ShortestRemaining
 from meshsched.state import Job, JobState
 
 HOUR_S = 3600.0
+LOADING_MODES = ("preempt", "spare", "last")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,18 +93,26 @@ class Lazer:
     periodic = False
     order = ShortestRemaining()
 
-    def __init__(self, perf, config: OptimizerConfig | None = None, name: str = "lazer", spare_loading: bool = False
-                 ) -> None:
+    def __init__(self, perf, config: OptimizerConfig | None = None, name: str = "lazer", spare_loading: bool = False,
+                 loading: str | None = None) -> None:
         self.name = name
         self.perf = perf
         self.config = config or OptimizerConfig()
-        self.spare_loading = spare_loading  # never a candidate while loading (beyond the paper; see orchestrate)
+        # what Algorithm 2 does with a candidate still loading (see orchestrate): preempt (the paper), spare or
+        # last (beyond the paper)
+        self.loading = loading or ("spare" if spare_loading else "preempt")
+        if self.loading not in LOADING_MODES:
+            raise ValueError(f"loading must be one of {', '.join(LOADING_MODES)}, not {self.loading!r}")
         self._opt = DeferralOptimizer(self.config)
         self._synced: OptimizerState | None = None  # the optimiser state this copy last wrote to the memory
         self._model: object | None = None  # the model last installed from the view
         self._asked = 0  # observations in the last fit asked for (not memory: after a restart, ask again)
 
     # ------------------------------------------------------------------ the layer's protocol
+
+    @property
+    def spare_loading(self) -> bool:
+        return self.loading == "spare"
 
     def queue_key(self, job: Job) -> tuple:
         return self.order.priority(job, job.since)
@@ -222,15 +231,27 @@ class Lazer:
     def orchestrate(self, view: ClusterView, cycle: Cycle, job: Job, held: set[str]) -> Orchestrated | None:
         """Algorithm 2: running jobs (not pausing, not in `held`: DRQ or already evicted) with a strictly longer
         remaining time than `job`, longest first, until they and the free GPUs make a compact spot for it;
-        only those on the spot are J_r. None if no such set exists. With `spare_loading`, a job still loading is
-        no candidate either: preempting it is by definition a futile preemption (Eq. 2), which the paper's
-        orchestrator allows and only the deferral avoids."""
+        only those on the spot are J_r. None if no such set exists. Beyond the paper: preempting a job still
+        loading is by definition a futile preemption (Eq. 2), which the paper's orchestrator allows and only the
+        deferral avoids; with `loading=spare` such a job is no candidate; with `last` it is taken only when the
+        others do not suffice, and so is, before it, a running job that has not yet trained for as long as its
+        load took (preempting it right after its load throws that load away as surely, though Eq. 2 does not
+        count it: without this tier the waste moves just past the load's end, measured)."""
         now = cycle.now
-        loading = JobState.LOADING if self.spare_loading else None
-        ranked = [(p, j) for p, j in self.order.worst_first(view.holding(), now)
-                  if j.job_id not in held and j.state is not loading]
+        prio = self.order.priority(job, now)
+        ranked = [(p, j) for p, j in self.order.worst_first(view.holding(), now) if j.job_id not in held]
+        if self.loading != "preempt":
+            loading = JobState.LOADING
+            eligible = [(p, j) for p, j in ranked if p[0] > prio[0]]  # Algorithm 2's preemption condition
+            if self.loading == "spare":
+                ranked = [(p, j) for p, j in eligible if j.state is not loading]
+            else:  # last: those whose load has paid off first, then the others, then the loading ones
+                tiers: tuple[list, list, list] = ([], [], [])
+                for p, j in eligible:
+                    tiers[2 if j.state is loading else 0 if now - j.since >= self._load(j) else 1].append((p, j))
+                ranked = tiers[0] + tiers[1] + tiers[2]
         spot, chosen = QueueScheduler._room_by_eviction(
-            view, cycle.plan, cycle.plan.free_map(), job.spec.gpus, self.order.priority(job, now), ranked, held
+            view, cycle.plan, cycle.plan.free_map(), job.spec.gpus, prio, ranked, held
         )
         if spot is None:
             return None

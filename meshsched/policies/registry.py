@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from meshsched.policies.queue import Fifo, LeastAttained, QueueScheduler, ShortestJob, ShortestRemaining
 from meshsched.policies.stack import PolicyHandle, PolicyStack
 
-_CHOICES = {"loading": ("preempt", "spare")}  # str parameters with a fixed set of values
+_CHOICES = {"loading": ("preempt", "spare", "last")}  # str parameters with a fixed set of values
 MIN_INTERVAL = 1.0  # seconds; a shorter activation interval is a busy loop, not a policy
 
 
@@ -91,7 +91,7 @@ def _lazer(args: dict, h: PolicyHandle):
 
     names = {"xmax": "high_s", "refit": "refit_every"}
     cfg = OptimizerConfig(seed=args.get("seed", h.seed), **{names[k]: v for k, v in args.items() if k in names})
-    return Lazer(h.perf, cfg, spare_loading=args.get("loading", "preempt") == "spare")
+    return Lazer(h.perf, cfg, loading=args.get("loading", "preempt"))
 
 
 def _plan_perf(h: PolicyHandle):
@@ -163,7 +163,9 @@ POLICIES: dict[str, Entry] = {
                    (Param("refit", int, "refit the GP after this many new observations (default 5)"),
                     Param("xmax", float, "the longest deferral X in seconds (default 100)"),
                     Param("seed", int, "the optimiser's seed (default: the run's seed)"),
-                    Param("loading", str, "preempt (the paper: a loading job may be preempted) or spare (never)")),
+                    Param("loading", str, "a job still loading: preempt (the paper: like any other), spare (never), or "
+                          "last (only if the others do not suffice, after the running jobs that have not yet "
+                          "trained as long as their load took)")),
                    True),
     "castor": Entry("placement", _castor,
                     "Castor SJF-BSBF: SJF; shares a single-job GPU only when the pair's mean JCT beats waiting",
