@@ -313,6 +313,8 @@ def _holding_prefix(occ: Occupancy, free: dict[str, int], order: np.ndarray, nee
         short = need - base
         if (short <= 0).any():
             return 1
+        if not (np.bincount(node, minlength=width) >= short).any():
+            return None  # no node gets there even with every candidate
         o = np.argsort(node * (n + 1) + when)  # by node, then by the candidate bringing the GPU
         node, when = node[o], when[o]
         rank = np.arange(len(o)) - np.searchsorted(node, node)  # place among its node's GPUs, earliest first
@@ -390,7 +392,6 @@ class _HostTable:
         self.occ = occ
         rows = occ.host_rows
         self.code = occ.host_code
-        self.types = [occ.type_names[c] for c in np.unique(self.code).tolist()]
         self.ta = occ.solo[rows]
         self.ia = occ.remaining_iters(now)[rows]
         self.end_a = self.ta * self.ia  # A's end if B waits
@@ -528,14 +529,16 @@ class _Forecast:
 
 
 class _Judgement:
-    """One queued job's sharing arithmetic in a pass (`Castor._judge`): its row in the batch's arrays, the pair's
-    best mean JCT and the wait alternative's per host, and what `_share` decides on while no host was taken."""
+    """One queued job's sharing arithmetic in a pass (`Castor._judge`): its row in the batch's arrays (whose last
+    axis is the host columns `cols`, those alive when judged), the pair's best mean JCT and the wait alternative's
+    per host (every column), and what `_share` decides on while no host was taken."""
 
-    __slots__ = ("kinds", "kind", "row", "i_b", "start_b", "xa", "xb", "sums", "best", "wait", "claims", "pays",
-                 "low", "count")
+    __slots__ = ("kinds", "kind", "row", "i_b", "start_b", "cols", "xa", "xb", "sums", "best", "wait", "claims",
+                 "pays", "low", "count")
 
-    def __init__(self, kinds, kind, row, i_b, start_b, xa, xb, sums, best, wait, claims, pays, low, count) -> None:
-        self.kinds, self.kind, self.row, self.i_b, self.start_b = kinds, kind, row, i_b, start_b
+    def __init__(self, kinds, kind, row, i_b, start_b, cols, xa, xb, sums, best, wait, claims, pays, low,
+                 count) -> None:
+        self.kinds, self.kind, self.row, self.i_b, self.start_b, self.cols = kinds, kind, row, i_b, start_b, cols
         self.xa, self.xb, self.sums, self.best, self.wait = xa, xb, sums, best, wait
         self.claims, self.pays, self.low, self.count = claims, pays, low, count
 
@@ -602,10 +605,11 @@ class Castor(SharingScheduler):
         subs, t_alone = kt.subs[out.kind], kt.t_alone[out.kind]
 
         def choice(c: int) -> BatchChoice:
-            r = int(np.argmin(out.sums[j, :, c]))  # the first (largest) sub-batch among equals (Algorithm 2's "<")
+            k = int(np.searchsorted(out.cols, c))  # the column among those judged
+            r = int(np.argmin(out.sums[j, :, k]))  # the first (largest) sub-batch among equals (Algorithm 2's "<")
             b = subs[r]
             t = tab.host_type(c)
-            xa, xb = float(out.xa[j, r, c]), float(out.xb[j, r, c])
+            xa, xb = float(out.xa[j, r, k]), float(out.xb[j, r, k])
             t_b = self._step(job, t, node_size, b, per_gpu // b)
             o = theorem1(float(ta[c]), float(ia[c]), xa, t_b, i_b, xb, t_alone[t])
             return BatchChoice(True, b, per_gpu // b, xa, xb, o)
@@ -644,10 +648,11 @@ class Castor(SharingScheduler):
         kt = self._kind_table(ps)
         present = np.zeros(len(kt.types), dtype=bool)
         present[tab.code] = True  # GPU types among the hosts
+        usable = (kt.profiled & present).any(axis=1).tolist()  # per kind id seen so far: profiled on some host's type
         kids, rows, i_bs, start_b = [], [], [], []
         for n, j in enumerate(jobs):
             kid = kt.kind(self, j, max(1, j.spec.batch_size // j.spec.gpus))
-            if not (kt.profiled[kid] & present).any():
+            if not (usable[kid] if kid < len(usable) else (kt.profiled[kid] & present).any()):
                 judged[j.job_id] = Wait(j.job_id, f"{self.name}: no profile to judge sharing; waiting for free GPUs")
                 continue
             kids.append(kid)
@@ -661,28 +666,33 @@ class Castor(SharingScheduler):
         kt.fill(self, set(kids))
         k = np.array(kids)
         xid = np.array(kt.xi_of)[k]
-        gidx, code = tab.occ.host_group, tab.code
+        code = tab.code
+        # Only the hosts still alive (not done, not taken) get the arithmetic, `cols` of all the columns: any other
+        # column's best is +inf whatever its numbers (about half the hosts of a busy pass have no work left).
+        cols = np.flatnonzero(tab.alive)
+        gidx, code_c, ta, ia = tab.occ.host_group[cols], code[cols], tab.ta[cols], tab.ia[cols]
         i_b = np.array(i_bs)[:, None]
         m, n = 0, len(kids)
-        step = max(1, _CHUNK // (max(rows) * max(1, len(gidx))))  # jobs per block of arrays that stays in cache
+        step = max(1, _CHUNK // (max(rows) * max(1, len(cols))))  # jobs per block of arrays that stays in cache
         for lo in range(0, n, step):
             hi = min(n, lo + step)
             r = max(rows[lo:hi])
             kc = k[lo:hi]
-            xa = np.take(kt.xa[xid[lo:hi], :r], gidx, axis=2)  # (jobs, sub-batches, hosts)
+            xa = np.take(kt.xa[xid[lo:hi], :r], gidx, axis=2)  # (jobs, sub-batches, alive hosts)
             xb = np.take(kt.xb[xid[lo:hi], :r], gidx, axis=2)
             masked = np.isnan(xa)
-            off = ~kt.profiled[kc][:, code]  # hosts of a type B has no profile on cannot take it
-            if off.any():
-                masked |= off[:, None, :]
-            if len(kt.types) == 1:
+            if len(kt.types) == 1:  # (every job here is profiled on the one type)
                 t_b, t_b_alone = kt.tb[kc, :r, :], kt.tb[kc, :1, 0]
             else:
-                t_b, t_b_alone = kt.tb[kc, :r][:, :, code], kt.tb[kc, 0][:, code]
+                off = ~kt.profiled[kc][:, code_c]  # hosts of a type B has no profile on cannot take it
+                if off.any():
+                    masked |= off[:, None, :]
+                t_b, t_b_alone = kt.tb[kc, :r][:, :, code_c], kt.tb[kc, 0][:, code]
             ib = i_b[lo:hi]
-            sums = self._pair_sums(tab, xa, xb, t_b, ib[:, :, None], masked)
+            sums = self._pair_sums(ta, ia, xa, xb, t_b, ib[:, :, None], masked)
+            best = np.full((hi - lo, len(code)), np.inf)
             with np.errstate(invalid="ignore"):
-                best = np.where(tab.alive, (sums[:, 0, :] if r == 1 else sums.min(axis=1)) / 2, np.inf)
+                best[:, cols] = (sums[:, 0, :] if r == 1 else sums.min(axis=1)) / 2
                 wait = (tab.end_a + np.array(start_b[lo:hi])[:, None] + t_b_alone * ib) / 2
                 feasible = np.isfinite(best)
                 pays = feasible & (best < wait)
@@ -693,15 +703,14 @@ class Castor(SharingScheduler):
                 while jobs[m].job_id in judged:  # (judged above: no profile)
                     m += 1
                 judged[jobs[m].job_id] = _Judgement(
-                    kt, kids[lo + c], c, i_bs[lo + c], start_b[lo + c], xa, xb, sums, best[c], wait[c], tab.claims,
-                    pays[c] if any_p[c] else None, low[c], count[c]) if any_f[c] else None
+                    kt, kids[lo + c], c, i_bs[lo + c], start_b[lo + c], cols, xa, xb, sums, best[c], wait[c],
+                    tab.claims, pays[c] if any_p[c] else None, low[c], count[c]) if any_f[c] else None
                 m += 1
 
     @staticmethod
-    def _pair_sums(tab: _HostTable, xa, xb, t_b, i_b, masked) -> np.ndarray:
+    def _pair_sums(ta, ia, xa, xb, t_b, i_b, masked) -> np.ndarray:
         """Twice the pair's mean JCT (Theorem 1 at kappa = 0: B starts now) per (job, sub-batch, host), +inf where
-        the pair cannot share; eq. 16-17 where B finishes first, eq. 20-21 where A does."""
-        ta, ia = tab.ta, tab.ia
+        the pair cannot share; eq. 16-17 where B finishes first, eq. 20-21 where A does. `ta`, `ia`: the hosts'."""
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             ha, hb = ta * xa, t_b * xb  # shared step times (eq. 14-15)
             ta2 = ha * ia  # A's end when it finishes first
