@@ -398,6 +398,23 @@ class _HostTable:
         self.alive = self.ia > 0
         self.free_single = int(occ.host_gpus[self.alive].sum())
         self.claims = 0  # hosts taken in this pass so far
+        self._room: tuple[tuple[int, int], list[int]] | None = None
+
+    def room(self, plan: Planner) -> list[int]:
+        """Per live node, its free GPUs plus the GPUs of hosts still alive, most first: a bound on what any set
+        of partners can gather on a node (recomputed when a start or a claim took some)."""
+        key = (self.claims, plan.free_total)
+        if self._room is None or self._room[0] != key:
+            occ = self.occ
+            width = len(occ.node_gpus)
+            alive = np.zeros(len(occ.solo_of) + 1, dtype=bool)  # by a host's first GPU (the last slot: no host)
+            alive[occ.first_gpu(np.flatnonzero(self.alive))] = True
+            per = np.bincount(occ.gpu_node[alive[occ.solo_of]], minlength=width + 1)[:width]
+            row = occ.node_row
+            for name, c in plan.free_map().items():
+                per[row[name]] += c
+            self._room = (key, sorted(per.tolist(), reverse=True))
+        return self._room[1]
 
     def host_type(self, i: int) -> str:
         return self.occ.type_names[self.code[i]]
@@ -739,11 +756,16 @@ class Castor(SharingScheduler):
         nodes = state.nodes
         first = int(order[0])
         gpu_type = tab.host_type(first)
-        pool = plan.free_map()
         if len(state.gpu_types) > 1:
-            pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == gpu_type}
             order = order[code[order] == code[first]]
-        tried = _holding_prefix(occ, pool, order, need, plan.node_size)
+        room = tab.room(plan)
+        if sum(room[:-(-need // plan.node_size)]) < need:  # no node (no set of whole nodes) could ever gather it
+            tried = None
+        else:
+            pool = plan.free_map()
+            if len(state.gpu_types) > 1:
+                pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == gpu_type}
+            tried = _holding_prefix(occ, pool, order, need, plan.node_size)
         if tried is None:
             return Wait(job.job_id, f"{self.name}: sharing pays with {len(order)} job(s) but their GPUs cannot "
                                     "hold it compactly")
