@@ -442,6 +442,8 @@ class _Kinds:
         self.xa = np.full((0, 1, 8), np.nan)  # (xi id, sub-batch, group), groups with spare room
         self.xb = self.xa.copy()
         self.ids: dict[tuple, int] = {}  # kind -> kind id
+        self.kid_of: dict[str, int] = {}  # job id -> kind id (the policy's: a job's kind never changes)
+        self.nsubs: list[int] = []  # per kind id: how many sub-batches
         self.subs: list[list[int]] = []  # per kind id: its sub-batches
         self.xi_of: list[int] = []  # per kind id: its xi id
         self.models: list[str] = []  # per kind id: B's model
@@ -483,6 +485,7 @@ class _Kinds:
                 t_alone[t] = steps[per_gpu]
         kid = self.ids[key] = len(self.subs)
         self.subs.append(subs)
+        self.nsubs.append(len(subs))
         self.xi_of.append(xid)
         self.models.append(job.spec.model)
         self.t_alone.append(t_alone)
@@ -543,6 +546,17 @@ class _Forecast:
         flat = self.flat  # demand past the cluster's GPUs: the last current job's end is the bound
         queue = float(flat[min(ahead + need, len(flat)) - 1]) if len(flat) else float("inf")
         return max(frag, queue)
+
+    def waits(self, need: np.ndarray, ahead: np.ndarray) -> np.ndarray:
+        """`wait` for many jobs at once (the same numbers)."""
+        ns, whole, flat = self.node_size, self.whole, self.flat
+        small = self.by_count[np.minimum(need, ns) - 1]
+        k = -(-need // ns)
+        big = np.append(whole, np.inf)[np.minimum(k, len(whole) + 1) - 1]
+        frag = np.where(need <= ns, small, big)
+        if not len(flat):
+            return np.maximum(frag, np.inf)
+        return np.maximum(frag, flat[np.minimum(ahead + need, len(flat)) - 1])
 
 
 class _Judgement:
@@ -666,20 +680,27 @@ class Castor(SharingScheduler):
         present = np.zeros(len(kt.types), dtype=bool)
         present[tab.code] = True  # GPU types among the hosts
         usable = (kt.profiled & present).any(axis=1).tolist()  # per kind id seen so far: profiled on some host's type
-        kids, rows, i_bs, start_b = [], [], [], []
+        kids, rows, i_bs, needs, kept, kept_ahead = [], [], [], [], [], []
+        kid_of, nsubs = kt.kid_of, kt.nsubs
         for n, j in enumerate(jobs):
-            kid = kt.kind(self, j, max(1, j.spec.batch_size // j.spec.gpus))
+            spec = j.spec
+            kid = kid_of.get(spec.job_id)
+            if kid is None:
+                kid = kid_of[spec.job_id] = kt.kind(self, j, max(1, spec.batch_size // spec.gpus))
             if not (usable[kid] if kid < len(usable) else (kt.profiled[kid] & present).any()):
                 judged[j.job_id] = Wait(j.job_id, f"{self.name}: no profile to judge sharing; waiting for free GPUs")
                 continue
             kids.append(kid)
-            rows.append(len(kt.subs[kid]))
-            i_bs.append(self._remaining_iters(j, now))
-            # Waiting: A runs alone; B starts when enough GPUs are forecast free for it (`_Forecast`; Theorem 1's
-            # kappa = t_A i_A assumes that is when A ends), then runs alone at its full batch.
-            start_b.append(forecast.wait(j.spec.gpus, aheads[n]))
+            rows.append(nsubs[kid])
+            i_bs.append(max(0.0, spec.iterations - j.iterations_at(now)))  # (`_remaining_iters`)
+            needs.append(spec.gpus)
+            kept.append(j)
+            kept_ahead.append(aheads[n])
         if not kids:
             return
+        # Waiting: A runs alone; B starts when enough GPUs are forecast free for it (`_Forecast`; Theorem 1's
+        # kappa = t_A i_A assumes that is when A ends), then runs alone at its full batch.
+        start_b = forecast.waits(np.array(needs), np.array(kept_ahead)).tolist()
         kt.fill(self, set(kids))
         k = np.array(kids)
         xid = np.array(kt.xi_of)[k]
@@ -689,7 +710,7 @@ class Castor(SharingScheduler):
         cols = np.flatnonzero(tab.alive)
         gidx, code_c, ta, ia = tab.occ.host_group[cols], code[cols], tab.ta[cols], tab.ia[cols]
         i_b = np.array(i_bs)[:, None]
-        m, n = 0, len(kids)
+        n = len(kids)
         step = max(1, _CHUNK // (max(rows) * max(1, len(cols))))  # jobs per block of arrays that stays in cache
         for lo in range(0, n, step):
             hi = min(n, lo + step)
@@ -717,12 +738,9 @@ class Castor(SharingScheduler):
             low = np.where(feasible, best, np.inf).argmin(axis=1).tolist()
             count = feasible.sum(axis=1).tolist()
             for c in range(hi - lo):
-                while jobs[m].job_id in judged:  # (judged above: no profile)
-                    m += 1
-                judged[jobs[m].job_id] = _Judgement(
+                judged[kept[lo + c].job_id] = _Judgement(
                     kt, kids[lo + c], c, i_bs[lo + c], start_b[lo + c], cols, xa, xb, sums, best[c], wait[c],
                     tab.claims, pays[c] if any_p[c] else None, low[c], count[c]) if any_f[c] else None
-                m += 1
 
     @staticmethod
     def _pair_sums(ta, ia, xa, xb, t_b, i_b, masked) -> np.ndarray:
