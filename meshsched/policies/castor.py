@@ -192,6 +192,8 @@ class SharingScheduler:
             d = self._share(view, ps, job)
             if d is not None:
                 out.append(d)
+            if self._spent(ps, min_need):
+                break  # no later job can start on free GPUs or share
         return out
 
     def try_start(self, view: ClusterView, cycle: Cycle, job: Job) -> Decision | None:
@@ -282,6 +284,10 @@ class SharingScheduler:
 
     def _share(self, view, ps: SharingPass, job: Job) -> Decision | None:
         raise NotImplementedError
+
+    def _spent(self, ps: SharingPass, need: int) -> bool:
+        """Whether no job needing `need` GPUs or more can get any in the rest of this pass."""
+        return False
 
 
 def compact_nodes(pool: dict[str, int], need: int, node_size: int) -> list[str] | None:
@@ -646,6 +652,10 @@ class Castor(SharingScheduler):
             return BatchChoice(True, b, per_gpu // b, xa, xb, o)
 
         return self._place(view, ps, job, order, choice, per_gpu, t_alone)
+
+    def _spent(self, ps: SharingPass, need: int) -> bool:
+        tab = ps.table  # free GPUs and those of hosts still alive: what a job can start on, or share (`_share`)
+        return tab is not None and ps.plan.free_total + tab.free_single < need
 
     def _kind_table(self, ps: SharingPass) -> _Kinds:
         occ, node_size = ps.table.occ, ps.plan.node_size
