@@ -634,8 +634,13 @@ class Castor(SharingScheduler):
         if pays is None:
             return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[low]:.0f}s waiting "
                                     f"{out.start_b:.0f}s vs {best[low]:.0f}s shared, best of {count} partners)")
-        per_gpu = max(1, job.spec.batch_size // need)
         idx = np.flatnonzero(pays)
+        if sum(tab.room(plan)[:-(-need // plan.node_size)]) < need:  # no node (set of whole nodes) could gather it
+            if len(ps.state.gpu_types) > 1:  # (`_place` counts the partners of the best one's GPU type)
+                code = tab.code
+                idx = idx[code[idx] == code[idx[np.argmin(best[idx])]]]
+            return self._no_fit(job, len(idx))
+        per_gpu = max(1, job.spec.batch_size // need)
         order = idx[np.lexsort((idx, best[idx]))]  # columns, best pair first (ties: lowest host first)
         ta, ia, node_size, i_b = tab.ta, tab.ia, plan.node_size, out.i_b
         kt, j = out.kinds, out.row
@@ -720,7 +725,7 @@ class Castor(SharingScheduler):
         cols = np.flatnonzero(tab.alive)
         gidx, code_c, ta, ia = tab.occ.host_group[cols], code[cols], tab.ta[cols], tab.ia[cols]
         i_b = np.array(i_bs)[:, None]
-        n = len(kids)
+        n, claims = len(kids), tab.claims
         step = max(1, _CHUNK // (max(rows) * max(1, len(cols))))  # jobs per block of arrays that stays in cache
         for lo in range(0, n, step):
             hi = min(n, lo + step)
@@ -737,9 +742,9 @@ class Castor(SharingScheduler):
                     masked |= off[:, None, :]
                 t_b, t_b_alone = kt.tb[kc, :r][:, :, code_c], kt.tb[kc, 0][:, code]
             ib = i_b[lo:hi]
-            sums = self._pair_sums(ta, ia, xa, xb, t_b, ib[:, :, None], masked)
             best = np.full((hi - lo, len(code)), np.inf)
-            with np.errstate(invalid="ignore"):
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                sums = self._pair_sums(ta, ia, xa, xb, t_b, ib[:, :, None], masked)
                 best[:, cols] = (sums[:, 0, :] if r == 1 else sums.min(axis=1)) / 2
                 wait = (tab.end_a + np.array(start_b[lo:hi])[:, None] + t_b_alone * ib) / 2
                 feasible = np.isfinite(best)
@@ -750,30 +755,34 @@ class Castor(SharingScheduler):
             for c in range(hi - lo):
                 judged[kept[lo + c].job_id] = _Judgement(
                     kt, kids[lo + c], c, i_bs[lo + c], start_b[lo + c], cols, xa, xb, sums, best[c], wait[c],
-                    tab.claims, pays[c] if any_p[c] else None, low[c], count[c]) if any_f[c] else None
+                    claims, pays[c] if any_p[c] else None, low[c], count[c]) if any_f[c] else None
 
     @staticmethod
     def _pair_sums(ta, ia, xa, xb, t_b, i_b, masked) -> np.ndarray:
         """Twice the pair's mean JCT (Theorem 1 at kappa = 0: B starts now) per (job, sub-batch, host), +inf where
-        the pair cannot share; eq. 16-17 where B finishes first, eq. 20-21 where A does. `ta`, `ia`: the hosts'."""
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            ha, hb = ta * xa, t_b * xb  # shared step times (eq. 14-15)
-            ta2 = ha * ia  # A's end when it finishes first
-            q = ta2 / hb  # B's iterations by then
-            tb1 = hb * i_b  # B's end when it finishes first
-            first_b = ta2 >= tb1
-            x = tb1 / ha
-            np.subtract(ia, x, out=x)
-            np.multiply(ta, x, out=x)
-            np.add(tb1, x, out=x)  # A's end when B finishes first
-            np.add(x, tb1, out=x)
-            y = i_b - q
-            np.multiply(t_b, y, out=y)
-            np.add(ta2, y, out=y)  # B's end when A finishes first
-            np.add(ta2, y, out=y)
+        the pair cannot share; eq. 16-17 where B finishes first, eq. 20-21 where A does. `ta`, `ia`: the hosts'.
+        (Called with numpy's divide, invalid and overflow warnings off.)"""
+        ha, hb = ta * xa, t_b * xb  # shared step times (eq. 14-15)
+        ta2 = ha * ia  # A's end when it finishes first
+        q = ta2 / hb  # B's iterations by then
+        tb1 = hb * i_b  # B's end when it finishes first
+        first_b = ta2 >= tb1
+        x = tb1 / ha
+        np.subtract(ia, x, out=x)
+        np.multiply(ta, x, out=x)
+        np.add(tb1, x, out=x)  # A's end when B finishes first
+        np.add(x, tb1, out=x)
+        y = i_b - q
+        np.multiply(t_b, y, out=y)
+        np.add(ta2, y, out=y)  # B's end when A finishes first
+        np.add(ta2, y, out=y)
         np.copyto(y, x, where=first_b)
         np.copyto(y, np.inf, where=masked)
         return y
+
+    def _no_fit(self, job: Job, partners: int) -> Wait:
+        return Wait(job.job_id, f"{self.name}: sharing pays with {partners} job(s) but their GPUs cannot hold it "
+                                "compactly")
 
     def _place(self, view, ps, job, order: np.ndarray, choice, per_gpu, t_alone):
         # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds
@@ -784,19 +793,13 @@ class Castor(SharingScheduler):
         nodes = state.nodes
         first = int(order[0])
         gpu_type = tab.host_type(first)
+        pool = plan.free_map()
         if len(state.gpu_types) > 1:
             order = order[code[order] == code[first]]
-        room = tab.room(plan)
-        if sum(room[:-(-need // plan.node_size)]) < need:  # no node (no set of whole nodes) could ever gather it
-            tried = None
-        else:
-            pool = plan.free_map()
-            if len(state.gpu_types) > 1:
-                pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == gpu_type}
-            tried = _holding_prefix(occ, pool, order, need, plan.node_size)
+            pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == gpu_type}
+        tried = _holding_prefix(occ, pool, order, need, plan.node_size)
         if tried is None:
-            return Wait(job.job_id, f"{self.name}: sharing pays with {len(order)} job(s) but their GPUs cannot "
-                                    "hold it compactly")
+            return self._no_fit(job, len(order))
         # The one-by-one search up to where it stops, for the nodes it picks (ties go by the pool's order).
         spot = _Spot(pool, need, plan.node_size)
         shared_by_node: dict[str, list[tuple[int, Host, int]]] = {}
