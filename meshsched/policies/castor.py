@@ -565,19 +565,20 @@ class _Forecast:
         return np.maximum(frag, flat[np.minimum(ahead + need, len(flat)) - 1])
 
 
-class _Judgement:
-    """One queued job's sharing arithmetic in a pass (`Castor._judge`): its row in the batch's arrays (whose last
-    axis is the host columns `cols`, those alive when judged), the pair's best mean JCT and the wait alternative's
-    per host (every column), and what `_share` decides on while no host was taken."""
+class _Judged:
+    """A block of queued jobs' sharing arithmetic in a pass (`Castor._judge`), one row per job (a job's judgement
+    is the block and its row): the arrays whose last axis is the host columns `cols` (those alive when judged),
+    the pair's best mean JCT and the wait alternative's per host (every column), and what `_share` decides on
+    while no host was taken."""
 
-    __slots__ = ("kinds", "kind", "row", "i_b", "start_b", "cols", "xa", "xb", "sums", "best", "wait", "claims",
-                 "pays", "low", "count")
+    __slots__ = ("kinds", "kind", "i_b", "start_b", "cols", "xa", "xb", "sums", "best", "wait", "claims", "pays",
+                 "any_p", "low", "count")
 
-    def __init__(self, kinds, kind, row, i_b, start_b, cols, xa, xb, sums, best, wait, claims, pays, low,
+    def __init__(self, kinds, kind, i_b, start_b, cols, xa, xb, sums, best, wait, claims, pays, any_p, low,
                  count) -> None:
-        self.kinds, self.kind, self.row, self.i_b, self.start_b, self.cols = kinds, kind, row, i_b, start_b, cols
+        self.kinds, self.kind, self.i_b, self.start_b, self.cols = kinds, kind, i_b, start_b, cols
         self.xa, self.xb, self.sums, self.best, self.wait = xa, xb, sums, best, wait
-        self.claims, self.pays, self.low, self.count = claims, pays, low, count
+        self.claims, self.pays, self.any_p, self.low, self.count = claims, pays, any_p, low, count
 
 
 @dataclass
@@ -621,9 +622,10 @@ class Castor(SharingScheduler):
             out = ps.judged[job.job_id]
         if out is None or isinstance(out, Wait):
             return out
-        best, wait = out.best, out.wait
-        if out.claims == tab.claims:
-            pays, low, count = out.pays, out.low, out.count
+        blk, j = out
+        best, wait = blk.best[j], blk.wait[j]
+        if blk.claims == tab.claims:
+            pays, low, count = blk.pays[j] if blk.any_p[j] else None, blk.low[j], blk.count[j]
         else:  # hosts taken since the judgement are out; every other column's numbers stand (they are per column)
             feasible = np.isfinite(best) & tab.alive
             if not feasible.any():
@@ -633,7 +635,7 @@ class Castor(SharingScheduler):
                 pays, low, count = None, int(np.argmin(np.where(feasible, best, np.inf))), int(feasible.sum())
         if pays is None:
             return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[low]:.0f}s waiting "
-                                    f"{out.start_b:.0f}s vs {best[low]:.0f}s shared, best of {count} partners)")
+                                    f"{blk.start_b[j]:.0f}s vs {best[low]:.0f}s shared, best of {count} partners)")
         idx = np.flatnonzero(pays)
         if sum(tab.room(plan)[:-(-need // plan.node_size)]) < need:  # no node (set of whole nodes) could gather it
             if len(ps.state.gpu_types) > 1:  # (`_place` counts the partners of the best one's GPU type)
@@ -642,16 +644,16 @@ class Castor(SharingScheduler):
             return self._no_fit(job, len(idx))
         per_gpu = max(1, job.spec.batch_size // need)
         order = idx[np.lexsort((idx, best[idx]))]  # columns, best pair first (ties: lowest host first)
-        ta, ia, node_size, i_b = tab.ta, tab.ia, plan.node_size, out.i_b
-        kt, j = out.kinds, out.row
-        subs, t_alone = kt.subs[out.kind], kt.t_alone[out.kind]
+        ta, ia, node_size, i_b = tab.ta, tab.ia, plan.node_size, blk.i_b[j]
+        kt, kind = blk.kinds, blk.kind[j]
+        subs, t_alone = kt.subs[kind], kt.t_alone[kind]
 
         def choice(c: int) -> BatchChoice:
-            k = int(np.searchsorted(out.cols, c))  # the column among those judged
-            r = int(np.argmin(out.sums[j, :, k]))  # the first (largest) sub-batch among equals (Algorithm 2's "<")
+            k = int(np.searchsorted(blk.cols, c))  # the column among those judged
+            r = int(np.argmin(blk.sums[j, :, k]))  # the first (largest) sub-batch among equals (Algorithm 2's "<")
             b = subs[r]
             t = tab.host_type(c)
-            xa, xb = float(out.xa[j, r, k]), float(out.xb[j, r, k])
+            xa, xb = float(blk.xa[j, r, k]), float(blk.xb[j, r, k])
             t_b = self._step(job, t, node_size, b, per_gpu // b)
             o = theorem1(float(ta[c]), float(ia[c]), xa, t_b, i_b, xb, t_alone[t])
             return BatchChoice(True, b, per_gpu // b, xa, xb, o)
@@ -673,8 +675,8 @@ class Castor(SharingScheduler):
         """Algorithm 1's arithmetic for `job` and, on a release pass, for the queued jobs the walk may search
         next (`SharingPass.lookahead`), all at once: the same operations element by element as one job at a
         time, so the same numbers. Each outcome: None (no host can take it), a Wait (no profile to judge), or a
-        `_Judgement` that `_share` decides on with the hosts still free when the job's turn comes (a host taken
-        in between only drops its own column)."""
+        (`_Judged` block, row) that `_share` decides on with the hosts still free when the job's turn comes (a
+        host taken in between only drops its own column)."""
         tab = ps.table
         jobs, aheads = [job], [ps.ahead]
         if ps.lookahead:
@@ -752,10 +754,10 @@ class Castor(SharingScheduler):
             any_f, any_p = feasible.any(axis=1).tolist(), pays.any(axis=1).tolist()
             low = np.where(feasible, best, np.inf).argmin(axis=1).tolist()
             count = feasible.sum(axis=1).tolist()
-            for c in range(hi - lo):
-                judged[kept[lo + c].job_id] = _Judgement(
-                    kt, kids[lo + c], c, i_bs[lo + c], start_b[lo + c], cols, xa, xb, sums, best[c], wait[c],
-                    claims, pays[c] if any_p[c] else None, low[c], count[c]) if any_f[c] else None
+            blk = _Judged(kt, kids[lo:hi], i_bs[lo:hi], start_b[lo:hi], cols, xa, xb, sums, best, wait, claims, pays,
+                          any_p, low, count)
+            for c, f in enumerate(any_f):
+                judged[kept[lo + c].job_id] = (blk, c) if f else None
 
     @staticmethod
     def _pair_sums(ta, ia, xa, xb, t_b, i_b, masked) -> np.ndarray:
