@@ -64,6 +64,9 @@ class _Hold:
     def next_timer(self, view, now):
         return None
 
+    def admission_error(self, view, spec):
+        return None
+
 
 def build(gpus: int, pending: int, policy: str, seed: int = 0) -> Engine:
     handle = installed_handle()
