@@ -404,23 +404,33 @@ class _HostTable:
         self.alive = self.ia > 0
         self.free_single = int(occ.host_gpus[self.alive].sum())
         self.claims = 0  # hosts taken in this pass so far
-        self._room: tuple[tuple[int, int], list[int]] | None = None
+        self._room: tuple[list[int], int, int] | None = None  # `gathers`: per-node counts, most first, and
+        # the free and single GPUs when counted
 
-    def room(self, plan: Planner) -> list[int]:
-        """Per live node, its free GPUs plus the GPUs of hosts still alive, most first: a bound on what any set
-        of partners can gather on a node (recomputed when a start or a claim took some)."""
-        key = (self.claims, plan.free_total)
-        if self._room is None or self._room[0] != key:
-            occ = self.occ
-            width = len(occ.node_gpus)
-            alive = np.zeros(len(occ.solo_of) + 1, dtype=bool)  # by a host's first GPU (the last slot: no host)
-            alive[occ.first_gpu(np.flatnonzero(self.alive))] = True
-            per = np.bincount(occ.gpu_node[alive[occ.solo_of]], minlength=width + 1)[:width]
-            row = occ.node_row
-            for name, c in plan.free_map().items():
-                per[row[name]] += c
-            self._room = (key, sorted(per.tolist(), reverse=True))
-        return self._room[1]
+    def gathers(self, plan: Planner, need: int) -> bool:
+        """False when no node (no ceil(need / node size) whole nodes) holds `need` GPUs even counting every free
+        GPU and every GPU of a host still alive: no set of partners can then hold the job. True: it may. The
+        per-node counts are kept, and recounted only when the GPUs taken since could have made the difference
+        (taking k GPUs lowers the sum of the fullest nodes by at most k)."""
+        want = -(-need // plan.node_size)
+        if self._room is not None:
+            room, free, single = self._room
+            have = sum(room[:want])
+            if have < need:
+                return False  # (the counts only shrink in a pass)
+            if have - (free - plan.free_total) - (single - self.free_single) >= need:
+                return True
+        occ = self.occ
+        width = len(occ.node_gpus)
+        alive = np.zeros(len(occ.solo_of) + 1, dtype=bool)  # by a host's first GPU (the last slot: no host)
+        alive[occ.first_gpu(np.flatnonzero(self.alive))] = True
+        per = np.bincount(occ.gpu_node[alive[occ.solo_of]], minlength=width + 1)[:width]
+        row = occ.node_row
+        for name, c in plan.free_map().items():
+            per[row[name]] += c
+        room = sorted(per.tolist(), reverse=True)
+        self._room = (room, plan.free_total, self.free_single)
+        return sum(room[:want]) >= need
 
     def host_type(self, i: int) -> str:
         return self.occ.type_names[self.code[i]]
@@ -637,7 +647,7 @@ class Castor(SharingScheduler):
             return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[low]:.0f}s waiting "
                                     f"{blk.start_b[j]:.0f}s vs {best[low]:.0f}s shared, best of {count} partners)")
         idx = np.flatnonzero(pays)
-        if sum(tab.room(plan)[:-(-need // plan.node_size)]) < need:  # no node (set of whole nodes) could gather it
+        if not tab.gathers(plan, need):
             if len(ps.state.gpu_types) > 1:  # (`_place` counts the partners of the best one's GPU type)
                 code = tab.code
                 idx = idx[code[idx] == code[idx[np.argmin(best[idx])]]]
