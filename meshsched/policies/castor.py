@@ -29,7 +29,10 @@ stacked tables (`_Kinds`); a release pass judges the queued jobs it may search n
 whose arrays stay in the CPU cache (the same element-wise arithmetic, so the same numbers; a host taken in
 between only drops its column), with the share-or-wait flags of every job computed together; the partner
 search finds where adding partners one by one first holds the job with one count over all prefixes
-(`_holding_prefix`); an arrival pass skips to the newcomer once nothing before it can start. Decisions are
+(`_holding_prefix`); an arrival pass skips to the newcomer once nothing before it can start. The arithmetic
+runs over the hosts still alive only (any other column is +inf); a pass stops once the free GPUs and the alive
+hosts' GPUs are fewer than the smallest queued job asks for; a per-node bound on what partners could gather
+(`_HostTable.gathers`) answers most "cannot hold it compactly" cases before the exact search. Decisions are
 those of the one-job-at-a-time search.
 """
 
