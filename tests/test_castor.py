@@ -4,8 +4,14 @@ sharing), the sharing baselines, and the simulator's rate changes when partners 
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 from collections import deque
+from pathlib import Path
+
+import numpy as np
 
 import pytest
 
@@ -15,9 +21,8 @@ from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
 from meshsched.perf import load_perf_model
 from meshsched.perf.memory import job_memory_mb, pair_fits
-from meshsched.policies.castor import Castor
+from meshsched.policies.castor import Castor, _Forecast
 from meshsched.policies.sharing_baselines import Lucid, SjfFfs
-from meshsched.policies.base import Start, Wait
 from meshsched.policies.base import Cycle, Trigger
 from meshsched.policies.registry import make_policy, stack_of
 from meshsched.policies.stack import PolicyHandle
@@ -497,3 +502,29 @@ def test_holding_prefix_is_where_the_one_by_one_search_stops():
                 want = n
                 break
         assert _holding_prefix(occ, pool, order, need, size) == want
+
+
+def test_forecast_waits_are_wait_for_many_jobs():
+    """`_Forecast.waits` (a judge block's jobs at once) gives `wait`'s numbers: small and multi-node jobs, demand
+    ahead past the GPUs forecast, and no node or no GPU with a known end."""
+    rng = np.random.default_rng(3)
+    for nodes, ends in ((4, 20), (3, 0), (0, 0), (6, 48)):
+        f = _Forecast.__new__(_Forecast)
+        f.node_size = 8
+        f.by_count = np.sort(rng.uniform(0, 100, 8)) if nodes else np.full(8, np.inf)
+        f.whole = np.sort(rng.uniform(0, 500, nodes))
+        f.flat = np.sort(rng.uniform(0, 900, ends))
+        need = np.array([1, 2, 3, 8, 9, 16, 24, 40, 64, 1, 4])
+        ahead = np.array([0, 5, 100, 7, 0, 30, 2, 0, 500, 19, 48])
+        assert f.waits(need, ahead).tolist() == [f.wait(int(n), int(a)) for n, a in zip(need, ahead)]
+
+
+def test_decision_latency_benchmark_runs():
+    """benchmarks/decision_latency.py (issue 9's 10,240-GPU figure) failed with AttributeError once the engine asked
+    every policy for `admission_error`: the stand-in that fills its queue had none."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "decision_latency.py"), "--gpus", "1024",
+                          "--pending", "200", "--repeat", "3", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout)
+    assert r["pending"] == 200 and r["release_decisions"] > 0

@@ -30,7 +30,10 @@ stacked tables (`_Kinds`); a release pass judges the queued jobs it may search n
 whose arrays stay in the CPU cache (the same element-wise arithmetic, so the same numbers; a host taken in
 between only drops its column), with the share-or-wait flags of every job computed together; the partner
 search finds where adding partners one by one first holds the job with one count over all prefixes
-(`_holding_prefix`); an arrival pass skips to the newcomer once nothing before it can start. Decisions are
+(`_holding_prefix`); an arrival pass skips to the newcomer once nothing before it can start. The arithmetic
+runs over the hosts still alive only (any other column is +inf); a pass stops once the free GPUs and the alive
+hosts' GPUs are fewer than the smallest queued job asks for; a per-node bound on what partners could gather
+(`_HostTable.gathers`) answers most "cannot hold it compactly" cases before the exact search. Decisions are
 those of the one-job-at-a-time search.
 """
 
@@ -195,6 +198,8 @@ class SharingScheduler:
             d = self._share(view, ps, job)
             if d is not None:
                 out.append(d)
+            if self._spent(ps, min_need):
+                break  # no later job can start on free GPUs or share
         return out
 
     def try_start(self, view: ClusterView, cycle: Cycle, job: Job) -> Decision | None:
@@ -307,6 +312,10 @@ class SharingScheduler:
             ps.foreign[user] = mask if mask.any() else None
         return ps.foreign[user]
 
+    def _spent(self, ps: SharingPass, need: int) -> bool:
+        """Whether no job needing `need` GPUs or more can get any in the rest of this pass."""
+        return False
+
 
 def compact_nodes(pool: dict[str, int], need: int, node_size: int) -> list[str] | None:
     """Nodes that can hold `need` GPUs as compactly as free placement requires, from per-node availability."""
@@ -337,6 +346,8 @@ def _holding_prefix(occ: Occupancy, free: dict[str, int], order: np.ndarray, nee
         short = need - base
         if (short <= 0).any():
             return 1
+        if not (np.bincount(node, minlength=width) >= short).any():
+            return None  # no node gets there even with every candidate
         o = np.argsort(node * (n + 1) + when)  # by node, then by the candidate bringing the GPU
         node, when = node[o], when[o]
         rank = np.arange(len(o)) - np.searchsorted(node, node)  # place among its node's GPUs, earliest first
@@ -414,13 +425,39 @@ class _HostTable:
         self.occ = occ
         rows = occ.host_rows
         self.code = occ.host_code
-        self.types = [occ.type_names[c] for c in np.unique(self.code).tolist()]
         self.ta = occ.solo[rows]
         self.ia = occ.remaining_iters(now)[rows]
         self.end_a = self.ta * self.ia  # A's end if B waits
         self.alive = self.ia > 0
         self.free_single = int(occ.host_gpus[self.alive].sum())
         self.claims = 0  # hosts taken in this pass so far
+        self._room: tuple[list[int], int, int] | None = None  # `gathers`: per-node counts, most first, and
+        # the free and single GPUs when counted
+
+    def gathers(self, plan: Planner, need: int) -> bool:
+        """False when no node (no ceil(need / node size) whole nodes) holds `need` GPUs even counting every free
+        GPU and every GPU of a host still alive: no set of partners can then hold the job. True: it may. The
+        per-node counts are kept, and recounted only when the GPUs taken since could have made the difference
+        (taking k GPUs lowers the sum of the fullest nodes by at most k)."""
+        want = -(-need // plan.node_size)
+        if self._room is not None:
+            room, free, single = self._room
+            have = sum(room[:want])
+            if have < need:
+                return False  # (the counts only shrink in a pass)
+            if have - (free - plan.free_total) - (single - self.free_single) >= need:
+                return True
+        occ = self.occ
+        width = len(occ.node_gpus)
+        alive = np.zeros(len(occ.solo_of) + 1, dtype=bool)  # by a host's first GPU (the last slot: no host)
+        alive[occ.first_gpu(np.flatnonzero(self.alive))] = True
+        per = np.bincount(occ.gpu_node[alive[occ.solo_of]], minlength=width + 1)[:width]
+        row = occ.node_row
+        for name, c in plan.free_map().items():
+            per[row[name]] += c
+        room = sorted(per.tolist(), reverse=True)
+        self._room = (room, plan.free_total, self.free_single)
+        return sum(room[:want]) >= need
 
     def host_type(self, i: int) -> str:
         return self.occ.type_names[self.code[i]]
@@ -448,6 +485,8 @@ class _Kinds:
         self.xa = np.full((0, 1, 8), np.nan)  # (xi id, sub-batch, group), groups with spare room
         self.xb = self.xa.copy()
         self.ids: dict[tuple, int] = {}  # kind -> kind id
+        self.kid_of: dict[str, int] = {}  # job id -> kind id (the policy's: a job's kind never changes)
+        self.nsubs: list[int] = []  # per kind id: how many sub-batches
         self.subs: list[list[int]] = []  # per kind id: its sub-batches
         self.xi_of: list[int] = []  # per kind id: its xi id
         self.models: list[str] = []  # per kind id: B's model
@@ -489,6 +528,7 @@ class _Kinds:
                 t_alone[t] = steps[per_gpu]
         kid = self.ids[key] = len(self.subs)
         self.subs.append(subs)
+        self.nsubs.append(len(subs))
         self.xi_of.append(xid)
         self.models.append(job.spec.model)
         self.t_alone.append(t_alone)
@@ -550,18 +590,32 @@ class _Forecast:
         queue = float(flat[min(ahead + need, len(flat)) - 1]) if len(flat) else float("inf")
         return max(frag, queue)
 
+    def waits(self, need: np.ndarray, ahead: np.ndarray) -> np.ndarray:
+        """`wait` for many jobs at once (the same numbers)."""
+        ns, whole, flat = self.node_size, self.whole, self.flat
+        small = self.by_count[np.minimum(need, ns) - 1]
+        k = -(-need // ns)
+        big = np.append(whole, np.inf)[np.minimum(k, len(whole) + 1) - 1]
+        frag = np.where(need <= ns, small, big)
+        if not len(flat):
+            return np.maximum(frag, np.inf)
+        return np.maximum(frag, flat[np.minimum(ahead + need, len(flat)) - 1])
 
-class _Judgement:
-    """One queued job's sharing arithmetic in a pass (`Castor._judge`): its row in the batch's arrays, the pair's
-    best mean JCT and the wait alternative's per host, and what `_share` decides on while no host was taken."""
 
-    __slots__ = ("kinds", "kind", "row", "i_b", "start_b", "xa", "xb", "sums", "best", "wait", "claims", "pays",
-                 "low", "count")
+class _Judged:
+    """A block of queued jobs' sharing arithmetic in a pass (`Castor._judge`), one row per job (a job's judgement
+    is the block and its row): the arrays whose last axis is the host columns `cols` (those alive when judged),
+    the pair's best mean JCT and the wait alternative's per host (every column), and what `_share` decides on
+    while no host was taken."""
 
-    def __init__(self, kinds, kind, row, i_b, start_b, xa, xb, sums, best, wait, claims, pays, low, count) -> None:
-        self.kinds, self.kind, self.row, self.i_b, self.start_b = kinds, kind, row, i_b, start_b
+    __slots__ = ("kinds", "kind", "i_b", "start_b", "cols", "xa", "xb", "sums", "best", "wait", "claims", "pays",
+                 "any_p", "low", "count")
+
+    def __init__(self, kinds, kind, i_b, start_b, cols, xa, xb, sums, best, wait, claims, pays, any_p, low,
+                 count) -> None:
+        self.kinds, self.kind, self.i_b, self.start_b, self.cols = kinds, kind, i_b, start_b, cols
         self.xa, self.xb, self.sums, self.best, self.wait = xa, xb, sums, best, wait
-        self.claims, self.pays, self.low, self.count = claims, pays, low, count
+        self.claims, self.pays, self.any_p, self.low, self.count = claims, pays, any_p, low, count
 
 
 @dataclass
@@ -605,10 +659,11 @@ class Castor(SharingScheduler):
             out = ps.judged[job.job_id]
         if out is None or isinstance(out, Wait):
             return out
-        best, wait = out.best, out.wait
+        blk, j = out
+        best, wait = blk.best[j], blk.wait[j]
         foreign = self._foreign_hosts(view, ps, job)
-        if out.claims == tab.claims and foreign is None:
-            pays, low, count = out.pays, out.low, out.count
+        if blk.claims == tab.claims and foreign is None:
+            pays, low, count = blk.pays[j] if blk.any_p[j] else None, blk.low[j], blk.count[j]
         else:  # hosts taken since the judgement are out; every other column's numbers stand (they are per column)
             feasible = np.isfinite(best) & tab.alive
             if foreign is not None and feasible.any():  # other users' hosts are out too
@@ -623,24 +678,34 @@ class Castor(SharingScheduler):
                 pays, low, count = None, int(np.argmin(np.where(feasible, best, np.inf))), int(feasible.sum())
         if pays is None:
             return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[low]:.0f}s waiting "
-                                    f"{out.start_b:.0f}s vs {best[low]:.0f}s shared, best of {count} partners)")
-        per_gpu = max(1, job.spec.batch_size // need)
+                                    f"{blk.start_b[j]:.0f}s vs {best[low]:.0f}s shared, best of {count} partners)")
         idx = np.flatnonzero(pays)
+        if not tab.gathers(plan, need):
+            if len(ps.state.gpu_types) > 1:  # (`_place` counts the partners of the best one's GPU type)
+                code = tab.code
+                idx = idx[code[idx] == code[idx[np.argmin(best[idx])]]]
+            return self._no_fit(job, len(idx))
+        per_gpu = max(1, job.spec.batch_size // need)
         order = idx[np.lexsort((idx, best[idx]))]  # columns, best pair first (ties: lowest host first)
-        ta, ia, node_size, i_b = tab.ta, tab.ia, plan.node_size, out.i_b
-        kt, j = out.kinds, out.row
-        subs, t_alone = kt.subs[out.kind], kt.t_alone[out.kind]
+        ta, ia, node_size, i_b = tab.ta, tab.ia, plan.node_size, blk.i_b[j]
+        kt, kind = blk.kinds, blk.kind[j]
+        subs, t_alone = kt.subs[kind], kt.t_alone[kind]
 
         def choice(c: int) -> BatchChoice:
-            r = int(np.argmin(out.sums[j, :, c]))  # the first (largest) sub-batch among equals (Algorithm 2's "<")
+            k = int(np.searchsorted(blk.cols, c))  # the column among those judged
+            r = int(np.argmin(blk.sums[j, :, k]))  # the first (largest) sub-batch among equals (Algorithm 2's "<")
             b = subs[r]
             t = tab.host_type(c)
-            xa, xb = float(out.xa[j, r, c]), float(out.xb[j, r, c])
+            xa, xb = float(blk.xa[j, r, k]), float(blk.xb[j, r, k])
             t_b = self._step(job, t, node_size, b, per_gpu // b)
             o = theorem1(float(ta[c]), float(ia[c]), xa, t_b, i_b, xb, t_alone[t])
             return BatchChoice(True, b, per_gpu // b, xa, xb, o)
 
         return self._place(view, ps, job, order, choice, per_gpu, t_alone)
+
+    def _spent(self, ps: SharingPass, need: int) -> bool:
+        tab = ps.table  # free GPUs and those of hosts still alive: what a job can start on, or share (`_share`)
+        return tab is not None and ps.plan.free_total + tab.free_single < need
 
     def _kind_table(self, ps: SharingPass) -> _Kinds:
         occ, node_size = ps.table.occ, ps.plan.node_size
@@ -653,8 +718,8 @@ class Castor(SharingScheduler):
         """Algorithm 1's arithmetic for `job` and, on a release pass, for the queued jobs the walk may search
         next (`SharingPass.lookahead`), all at once: the same operations element by element as one job at a
         time, so the same numbers. Each outcome: None (no host can take it), a Wait (no profile to judge), or a
-        `_Judgement` that `_share` decides on with the hosts still free when the job's turn comes (a host taken
-        in between only drops its own column)."""
+        (`_Judged` block, row) that `_share` decides on with the hosts still free when the job's turn comes (a
+        host taken in between only drops its own column)."""
         tab = ps.table
         jobs, aheads = [job], [ps.ahead]
         if ps.lookahead:
@@ -674,82 +739,95 @@ class Castor(SharingScheduler):
         kt = self._kind_table(ps)
         present = np.zeros(len(kt.types), dtype=bool)
         present[tab.code] = True  # GPU types among the hosts
-        kids, rows, i_bs, start_b = [], [], [], []
+        usable = (kt.profiled & present).any(axis=1).tolist()  # per kind id seen so far: profiled on some host's type
+        kids, rows, i_bs, needs, kept, kept_ahead = [], [], [], [], [], []
+        kid_of, nsubs = kt.kid_of, kt.nsubs
         for n, j in enumerate(jobs):
-            kid = kt.kind(self, j, max(1, j.spec.batch_size // j.spec.gpus))
-            if not (kt.profiled[kid] & present).any():
+            spec = j.spec
+            kid = kid_of.get(spec.job_id)
+            if kid is None:
+                kid = kid_of[spec.job_id] = kt.kind(self, j, max(1, spec.batch_size // spec.gpus))
+            if not (usable[kid] if kid < len(usable) else (kt.profiled[kid] & present).any()):
                 judged[j.job_id] = Wait(j.job_id, f"{self.name}: no profile to judge sharing; waiting for free GPUs")
                 continue
             kids.append(kid)
-            rows.append(len(kt.subs[kid]))
-            i_bs.append(self._remaining_iters(j, now))
-            # Waiting: A runs alone; B starts when enough GPUs are forecast free for it (`_Forecast`; Theorem 1's
-            # kappa = t_A i_A assumes that is when A ends), then runs alone at its full batch.
-            start_b.append(forecast.wait(j.spec.gpus, aheads[n]))
+            rows.append(nsubs[kid])
+            i_bs.append(max(0.0, spec.iterations - j.iterations_at(now)))  # (`_remaining_iters`)
+            needs.append(spec.gpus)
+            kept.append(j)
+            kept_ahead.append(aheads[n])
         if not kids:
             return
+        # Waiting: A runs alone; B starts when enough GPUs are forecast free for it (`_Forecast`; Theorem 1's
+        # kappa = t_A i_A assumes that is when A ends), then runs alone at its full batch.
+        start_b = forecast.waits(np.array(needs), np.array(kept_ahead)).tolist()
         kt.fill(self, set(kids))
         k = np.array(kids)
         xid = np.array(kt.xi_of)[k]
-        gidx, code = tab.occ.host_group, tab.code
+        code = tab.code
+        # Only the hosts still alive (not done, not taken) get the arithmetic, `cols` of all the columns: any other
+        # column's best is +inf whatever its numbers (about half the hosts of a busy pass have no work left).
+        cols = np.flatnonzero(tab.alive)
+        gidx, code_c, ta, ia = tab.occ.host_group[cols], code[cols], tab.ta[cols], tab.ia[cols]
         i_b = np.array(i_bs)[:, None]
-        m, n = 0, len(kids)
-        step = max(1, _CHUNK // (max(rows) * max(1, len(gidx))))  # jobs per block of arrays that stays in cache
+        n, claims = len(kids), tab.claims
+        step = max(1, _CHUNK // (max(rows) * max(1, len(cols))))  # jobs per block of arrays that stays in cache
         for lo in range(0, n, step):
             hi = min(n, lo + step)
             r = max(rows[lo:hi])
             kc = k[lo:hi]
-            xa = np.take(kt.xa[xid[lo:hi], :r], gidx, axis=2)  # (jobs, sub-batches, hosts)
+            xa = np.take(kt.xa[xid[lo:hi], :r], gidx, axis=2)  # (jobs, sub-batches, alive hosts)
             xb = np.take(kt.xb[xid[lo:hi], :r], gidx, axis=2)
             masked = np.isnan(xa)
-            off = ~kt.profiled[kc][:, code]  # hosts of a type B has no profile on cannot take it
-            if off.any():
-                masked |= off[:, None, :]
-            if len(kt.types) == 1:
+            if len(kt.types) == 1:  # (every job here is profiled on the one type)
                 t_b, t_b_alone = kt.tb[kc, :r, :], kt.tb[kc, :1, 0]
             else:
-                t_b, t_b_alone = kt.tb[kc, :r][:, :, code], kt.tb[kc, 0][:, code]
+                off = ~kt.profiled[kc][:, code_c]  # hosts of a type B has no profile on cannot take it
+                if off.any():
+                    masked |= off[:, None, :]
+                t_b, t_b_alone = kt.tb[kc, :r][:, :, code_c], kt.tb[kc, 0][:, code]
             ib = i_b[lo:hi]
-            sums = self._pair_sums(tab, xa, xb, t_b, ib[:, :, None], masked)
-            with np.errstate(invalid="ignore"):
-                best = np.where(tab.alive, (sums[:, 0, :] if r == 1 else sums.min(axis=1)) / 2, np.inf)
+            best = np.full((hi - lo, len(code)), np.inf)
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                sums = self._pair_sums(ta, ia, xa, xb, t_b, ib[:, :, None], masked)
+                best[:, cols] = (sums[:, 0, :] if r == 1 else sums.min(axis=1)) / 2
                 wait = (tab.end_a + np.array(start_b[lo:hi])[:, None] + t_b_alone * ib) / 2
                 feasible = np.isfinite(best)
                 pays = feasible & (best < wait)
             any_f, any_p = feasible.any(axis=1).tolist(), pays.any(axis=1).tolist()
             low = np.where(feasible, best, np.inf).argmin(axis=1).tolist()
             count = feasible.sum(axis=1).tolist()
-            for c in range(hi - lo):
-                while jobs[m].job_id in judged:  # (judged above: no profile)
-                    m += 1
-                judged[jobs[m].job_id] = _Judgement(
-                    kt, kids[lo + c], c, i_bs[lo + c], start_b[lo + c], xa, xb, sums, best[c], wait[c], tab.claims,
-                    pays[c] if any_p[c] else None, low[c], count[c]) if any_f[c] else None
-                m += 1
+            blk = _Judged(kt, kids[lo:hi], i_bs[lo:hi], start_b[lo:hi], cols, xa, xb, sums, best, wait, claims, pays,
+                          any_p, low, count)
+            for c, f in enumerate(any_f):
+                judged[kept[lo + c].job_id] = (blk, c) if f else None
 
     @staticmethod
-    def _pair_sums(tab: _HostTable, xa, xb, t_b, i_b, masked) -> np.ndarray:
+    def _pair_sums(ta, ia, xa, xb, t_b, i_b, masked) -> np.ndarray:
         """Twice the pair's mean JCT (Theorem 1 at kappa = 0: B starts now) per (job, sub-batch, host), +inf where
-        the pair cannot share; eq. 16-17 where B finishes first, eq. 20-21 where A does."""
-        ta, ia = tab.ta, tab.ia
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            ha, hb = ta * xa, t_b * xb  # shared step times (eq. 14-15)
-            ta2 = ha * ia  # A's end when it finishes first
-            q = ta2 / hb  # B's iterations by then
-            tb1 = hb * i_b  # B's end when it finishes first
-            first_b = ta2 >= tb1
-            x = tb1 / ha
-            np.subtract(ia, x, out=x)
-            np.multiply(ta, x, out=x)
-            np.add(tb1, x, out=x)  # A's end when B finishes first
-            np.add(x, tb1, out=x)
-            y = i_b - q
-            np.multiply(t_b, y, out=y)
-            np.add(ta2, y, out=y)  # B's end when A finishes first
-            np.add(ta2, y, out=y)
+        the pair cannot share; eq. 16-17 where B finishes first, eq. 20-21 where A does. `ta`, `ia`: the hosts'.
+        (Called with numpy's divide, invalid and overflow warnings off.)"""
+        ha, hb = ta * xa, t_b * xb  # shared step times (eq. 14-15)
+        ta2 = ha * ia  # A's end when it finishes first
+        q = ta2 / hb  # B's iterations by then
+        tb1 = hb * i_b  # B's end when it finishes first
+        first_b = ta2 >= tb1
+        x = tb1 / ha
+        np.subtract(ia, x, out=x)
+        np.multiply(ta, x, out=x)
+        np.add(tb1, x, out=x)  # A's end when B finishes first
+        np.add(x, tb1, out=x)
+        y = i_b - q
+        np.multiply(t_b, y, out=y)
+        np.add(ta2, y, out=y)  # B's end when A finishes first
+        np.add(ta2, y, out=y)
         np.copyto(y, x, where=first_b)
         np.copyto(y, np.inf, where=masked)
         return y
+
+    def _no_fit(self, job: Job, partners: int) -> Wait:
+        return Wait(job.job_id, f"{self.name}: sharing pays with {partners} job(s) but their GPUs cannot hold it "
+                                "compactly")
 
     def _place(self, view, ps, job, order: np.ndarray, choice, per_gpu, t_alone):
         # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds
@@ -762,12 +840,11 @@ class Castor(SharingScheduler):
         gpu_type = tab.host_type(first)
         pool = plan.free_map()
         if len(state.gpu_types) > 1:
-            pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == gpu_type}
             order = order[code[order] == code[first]]
+            pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == gpu_type}
         tried = _holding_prefix(occ, pool, order, need, plan.node_size)
         if tried is None:
-            return Wait(job.job_id, f"{self.name}: sharing pays with {len(order)} job(s) but their GPUs cannot "
-                                    "hold it compactly")
+            return self._no_fit(job, len(order))
         # The one-by-one search up to where it stops, for the nodes it picks (ties go by the pool's order).
         spot = _Spot(pool, need, plan.node_size)
         shared_by_node: dict[str, list[tuple[int, Host, int]]] = {}

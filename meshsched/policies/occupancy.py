@@ -102,6 +102,7 @@ class Occupancy:
     def _build(self, holding: Iterable[Job]) -> None:
         state = self.state
         self.version = state.version
+        self._iters_at: tuple | None = None
         jobs = [j for j in holding if j.gpus]
         n = max(16, 2 * len(jobs))
         self.jobs: list[Job | None] = [None] * n
@@ -290,8 +291,12 @@ class Occupancy:
 
     # -- what a pass reads -------------------------------------------------------------------------------
     def remaining_iters(self, now: float) -> np.ndarray:
-        """Iterations left per job row at `now` (extrapolated while RUNNING, as `Job.iterations_at`)."""
-        return np.maximum(0.0, self.left - np.maximum(0.0, now - self.since) * self.rate)
+        """Iterations left per job row at `now` (extrapolated while RUNNING, as `Job.iterations_at`); kept until
+        `now` or the arrays move (a pass asks twice), so the caller must not write to it."""
+        if self._iters_at != (now, self.version):
+            self._iters = np.maximum(0.0, self.left - np.maximum(0.0, now - self.since) * self.rate)
+            self._iters_at = (now, self.version)
+        return self._iters
 
     def free_times(self, now: float) -> np.ndarray:
         """Seconds from `now` until each live node's GPUs hold no job, shape (live nodes, node size), each row
