@@ -74,6 +74,7 @@ class JobRecord:
     exec: dict | None = None  # ExecConfig.to_dict(): how it trains (micro-batch, accumulation, MPS limits, plan)
     iterations_given: bool = True  # by `mesh submit --iters`; False: the script's declared total replaces it
     cancelling: bool = False  # a cancel was asked for: CANCELLED once every process of the job is gone
+    cancel_proposed: bool = False  # (mesh) this node proposed a cancel: proposed again after a restart until done
     self_preempts: int = 0  # exits with the resumable code that no preemption asked for
     # job control (daemon/jobcontrol.py)
     array_id: str = ""  # the array it is a task of; its job_id is ARRAY_TASK

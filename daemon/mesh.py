@@ -291,6 +291,6 @@ class MeshLink:
 def record_payload(rec) -> dict:
     """What other nodes need of a job record to list and launch it (never its token-scrubbed env twice)."""
     out = json.loads(rec.to_json())
-    for key in ("supervisor_pid", "supervisor_start", "state", "reason"):
+    for key in ("supervisor_pid", "supervisor_start", "state", "reason", "cancel_proposed"):
         out.pop(key, None)
     return out

@@ -630,6 +630,10 @@ class NodeDaemon:
         rec = self.records[job_id]
         if self.mesh is not None:  # the node holding its ranks kills them when the cancel is in the log
             if rec.state not in TERMINAL:
+                if not rec.cancel_proposed:  # journaled before the answer: a crash cannot lose it in the outbox
+                    rec.cancel_proposed = True
+                    with self.journal.batch():
+                        self.journal.put(rec)
                 self._input(ev.CancelRequested(self._sid("cancel"), job_id))
             return rec
         if rec.state in HOLDING and self.launcher.running(job_id):
@@ -763,7 +767,8 @@ class NodeDaemon:
                 self._reap_orphan(rec)
 
     def mesh_synced(self) -> None:
-        """(mesh) The log is replayed: join (again), report what ended meanwhile, hand over unsent submits."""
+        """(mesh) The log is replayed: join (again), report what ended meanwhile, hand over unsent submits and
+        cancels."""
         state = self.engine.state
         node = state.nodes.get(self.config.node_name)
         if node is None or not node.alive:
@@ -787,6 +792,9 @@ class NodeDaemon:
             if rec.job_id not in state.jobs and rec.state == "PENDING" and rec.job_id.startswith(
                     f"{self.config.node_name}."):
                 self.submitted(rec, ev.JobSubmitted(self._sid("submit"), _spec(rec), held=rec.held))  # never logged
+            job = state.jobs.get(rec.job_id)
+            if rec.cancel_proposed and job is not None and not job.state.is_terminal:  # it may have died in the outbox
+                self._input(ev.CancelRequested(self._sid("cancel"), rec.job_id))
         self._stop_released([j for j in self._runs if self.launcher.running(j)])
 
     def rank_home(self, rec: JobRecord, rank: int) -> tuple[str, int]:

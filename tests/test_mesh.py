@@ -312,3 +312,22 @@ def test_an_exit_that_never_reached_the_log_is_proposed_again_after_a_crash(mesh
     mesh.wait_up(node)
     other = next(n for n in mesh.members if n is not node)
     poll(lambda: _states(mesh.client(other)).get(job) == "COMPLETED", timeout=60, what="the exit reaches the log")
+
+
+@pytest.mark.slow
+def test_a_cancel_that_never_reached_the_log_is_proposed_again_after_a_crash(mesh):
+    """docs/coordinator.md listed it as a limit: a cancel acknowledged while etcd was away waited in the node's
+    outbox; SIGKILL that meshd and the cancel was gone, the job ran to its end (COMPLETED, not CANCELLED)."""
+    client = mesh.client(mesh.members[0])
+    job = _submit(client, "import time; time.sleep(40)")
+    poll(lambda: _states(client).get(job) == "RUNNING", what="the job running")
+    node = mesh.members[1]  # the cancel goes through another node than the one that took the submit
+    mesh.etcd.stop()  # the cancel cannot reach the log now
+    mesh.client(node).call("POST", f"/v1/jobs/{job}/cancel")
+    time.sleep(0.5)
+    mesh.kill(node)
+    mesh.etcd.start()
+    mesh.launch(node)
+    mesh.wait_up(node)
+    poll(lambda: _states(client).get(job) in TERMINAL, timeout=60, what="the job ends")
+    assert _states(client)[job] == "CANCELLED"
