@@ -40,8 +40,7 @@ class FakeMeshd:
             while data := conn.recv(65536):
                 for msg in decoder.feed(data):
                     self.requests.append(msg)
-                    for frame in self.answer(msg):
-                        conn.sendall(encode_frame(frame))
+                    conn.sendall(b"".join(encode_frame(f) for f in self.answer(msg)))  # one write: one read
 
     def close(self) -> None:
         self.server.close()
@@ -68,7 +67,7 @@ def test_the_reporter_sends_at_once_when_nudged_not_at_its_interval():
     def answer(msg):
         if msg["type"] == "hello":
             assert msg["nudge"] == 1 and msg["rank"] == 0
-            return [{"type": "ok", "seq": msg["seq"]}, NUDGE]  # a directive is queued just after the hello
+            return [{"type": "ok", "seq": msg["seq"]}, NUDGE]  # queued just after the hello: read with its reply
         return [{"type": "ok", "seq": msg["seq"], "directives": [{"kind": "checkpoint_exit"}]}]
 
     fake = FakeMeshd(answer)

@@ -81,18 +81,18 @@ class Reporter:
         """Until the interval has passed or meshd nudged (False), or close() was called (True)."""
         deadline = time.monotonic() + self.interval
         while not self._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
             client = self._client
-            ready = select.select([self._wake_r] + ([client] if client is not None else []), [], [], left)[0]
-            if client is not None and client in ready:
-                try:
+            if client is not None:
+                try:  # also a nudge that came in one read with the last reply: the socket shows nothing more
                     if client.take_nudge():
                         return False
                 except (OSError, ValueError):  # meshd closed the connection (or sent garbage): reconnect
                     client.close()
-                    self._client = None
+                    self._client = client = None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            select.select([self._wake_r] + ([client] if client is not None else []), [], [], left)
         return True
 
     def flush(self) -> None:
