@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections import deque
 
 from meshsched.protocol import REPLY_TYPES, FrameDecoder, ProtocolError, encode_frame
 
@@ -15,10 +16,16 @@ from meshsched.protocol import REPLY_TYPES, FrameDecoder, ProtocolError, encode_
 class JobClient:
     def __init__(self, path: str, timeout: float = 5.0) -> None:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._timeout = timeout
         self._sock.settimeout(timeout)
         self._sock.connect(path)
         self._decoder = FrameDecoder(REPLY_TYPES)
+        self._inbox: deque[dict] = deque()  # frames read but not yet taken
+        self._nudged = False  # meshd nudged (it holds directives for this connection's next reply)
         self._seq = 0
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
 
     @classmethod
     def from_env(cls) -> JobClient | None:
@@ -34,15 +41,37 @@ class JobClient:
         self._seq += 1
         self._sock.sendall(encode_frame({**message, "seq": self._seq}))
         while True:
-            data = self._sock.recv(65536)
-            if not data:
-                raise ConnectionError("meshd closed the job socket")
-            msgs = self._decoder.feed(data)
-            if msgs:
-                reply = msgs[0]
+            while self._inbox:
+                reply = self._inbox.popleft()
                 if reply.get("type") == "error":
                     raise ProtocolError(reply.get("error", "refused"))
+                if reply.get("nudge"):  # not the reply: meshd asks for a request (this one will do)
+                    self._nudged = True
+                    continue
                 return reply
+            self._read()
+
+    def _read(self) -> None:
+        data = self._sock.recv(65536)
+        if not data:
+            raise ConnectionError("meshd closed the job socket")
+        self._inbox.extend(self._decoder.feed(data))
+
+    def take_nudge(self) -> bool:
+        """Read what meshd sent unasked, without waiting; True when it nudged since the last call (it holds
+        directives: send a request now)."""
+        self._sock.setblocking(False)
+        try:
+            while True:
+                self._read()
+        except BlockingIOError:
+            pass
+        finally:
+            self._sock.settimeout(self._timeout)
+        nudged = self._nudged or any(m.get("nudge") for m in self._inbox)
+        self._inbox = deque(m for m in self._inbox if not m.get("nudge"))
+        self._nudged = False
+        return nudged
 
     def hello(self) -> dict:
         return self.request({"type": "hello"})

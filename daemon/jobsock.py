@@ -6,6 +6,11 @@ is refused. A bad or oversized frame closes only that connection; a report with 
 (protocol.check_report) gets an error reply and changes nothing. A frame must arrive whole within
 FRAME_TIMEOUT once begun, a connection idle for IDLE_TIMEOUT is closed (meshsched.job reconnects), and a
 job holds at most MAX_PER_JOB connections (MAX_CONNECTIONS in all).
+Directives ride on replies. So that one need not wait for the job's next report (every
+MESH_REPORT_INTERVAL, 1 s by default), meshd nudges the connection of the job's rank 0 when its hello said
+that it reads nudges ("nudge": 1, as meshsched.job does): an unsolicited frame {"type": "ok", "seq": None,
+"nudge": True}, upon which the client sends at once and gets the directives with the reply. A nudge
+carries nothing, so a lost one loses nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +41,12 @@ async def start_job_socket(daemon) -> Callable[[], Awaitable[None]]:
     path = daemon.config.job_socket
     path.unlink(missing_ok=True)
     conns: dict[asyncio.StreamWriter, str] = {}  # open connection -> its job
+    rank0: dict[str, asyncio.StreamWriter] = {}  # job -> the connection of its rank 0 (the latest hello)
+
+    def nudge(job_id: str) -> None:
+        writer = rank0.get(job_id)
+        if writer is not None and not writer.is_closing():
+            writer.write(encode_frame({"type": "ok", "job_id": job_id, "seq": None, "nudge": True}))
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -51,17 +62,21 @@ async def start_job_socket(daemon) -> Callable[[], Awaitable[None]]:
                 await asyncio.wait_for(_reply(writer, {"type": "error", "error": refusal}), FRAME_TIMEOUT)
                 return
             conns[writer] = job_id
-            await _session(daemon, reader, writer, pid)
+            await _session(daemon, reader, writer, pid, rank0)
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, OSError):
             pass
         finally:
-            conns.pop(writer, None)
+            job_id = conns.pop(writer, None)
+            if job_id is not None and rank0.get(job_id) is writer:
+                del rank0[job_id]
             writer.close()
 
     server = await asyncio.start_unix_server(serve, path=str(path))
     os.chmod(path, 0o666)  # any local process may connect; SO_PEERCRED decides what it may say
+    daemon.nudge = nudge
 
     async def close() -> None:
+        daemon.nudge = lambda job_id: None
         server.close()
         for w in list(conns):
             w.close()
@@ -71,7 +86,8 @@ async def start_job_socket(daemon) -> Callable[[], Awaitable[None]]:
     return close
 
 
-async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int) -> None:
+async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int,
+                   rank0: dict[str, asyncio.StreamWriter]) -> None:
     rank: int | None = None  # said in `hello` by meshsched.job; directives go to rank 0's connection
     while True:
         first = await asyncio.wait_for(reader.readexactly(1), IDLE_TIMEOUT)
@@ -92,6 +108,8 @@ async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamW
         kind = msg["type"]
         if kind == "hello" and isinstance(msg.get("rank"), int):
             rank = msg["rank"]
+            if rank == 0 and msg.get("nudge"):  # a client that reads nudges (meshsched.job's reporter) said so
+                rank0[job_id] = writer
             daemon.job_hello(job_id, bool(msg.get("sdk")), msg.get("steps"))
         elif kind == "report":
             extra = {k: float(msg[k]) for k in ("samples", "forward_time", "window") if k in msg}

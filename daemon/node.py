@@ -18,6 +18,7 @@ import os
 import shutil
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import AsyncExitStack
 from dataclasses import fields, replace
@@ -86,6 +87,7 @@ class NodeDaemon:
         self._notifier = Notifier()
         self.sdk_jobs: set[str] = set()  # running jobs whose ranks speak meshsched.job (they take directives)
         self.directives: dict[str, list[dict]] = {}  # job -> directives for its rank 0, sent with the next reply
+        self.nudge: Callable[[str], None] = lambda job_id: None  # asks rank 0 to send now (the job socket's)
         self.throughput: dict[str, dict[int, dict]] = {}  # job -> rank -> latest report (samples/s, times)
         self._preempt_timers: dict[str, asyncio.TimerHandle] = {}
         self._restart_for: dict[str, ExecConfig] = {}  # job -> config it restarts with once it has checkpointed
@@ -321,8 +323,10 @@ class NodeDaemon:
         self.launcher.stop(job_id, self.config.kill_grace)
 
     def send_directive(self, job_id: str, directive: dict) -> None:
-        """Queue a directive (checkpoint_exit, calibrate) for the job's rank 0; it rides on the next reply."""
+        """Queue a directive (checkpoint_exit, calibrate) for the job's rank 0; it rides on the next reply, which
+        the nudge asks for now rather than at the job's next report."""
         self.directives.setdefault(job_id, []).append(directive)
+        self.nudge(job_id)
 
     def take_directives(self, job_id: str) -> list[dict]:
         out = self.directives.pop(job_id, [])

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshsched.daemon.procs import children, kill_all, session_members
-from meshsched.protocol import PREEMPTED_EXIT_CODE
+from meshsched.exitcodes import PREEMPTED_EXIT_CODE
 
 TAIL_LINES = 5
 PR_SET_PDEATHSIG = 1
@@ -399,8 +399,11 @@ def main() -> None:
         sys.exit("usage: python -m meshsched.daemon.supervisor JOB_DIR [--as-user UID:GID:GROUPS]")
     job_dir = Path(args[0])
     try:
-        sup = Supervisor(job_dir, as_user)
-        sys.exit(sup.run())
+        code = Supervisor(job_dir, as_user).run()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # every process of the job is gone and result.json is written: meshd sees the exit now,
+        # not after the interpreter's teardown
     except SystemExit as exc:
         if isinstance(exc.code, str):  # a job that cannot start (its --output cannot be opened): it failed
             write_result(job_dir, {"status": "failed", "rank": None, "exit_code": 1, "reason": exc.code})

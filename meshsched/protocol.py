@@ -14,13 +14,14 @@ from typing import Any
 
 import msgpack
 
+from meshsched.exitcodes import PREEMPTED_EXIT_CODE  # noqa: F401 (re-exported: meshd and tests use it)
+
 PROTOCOL_VERSION = 1
 MAX_FRAME = 64 * 1024  # bytes of msgpack body
 HEADER = struct.Struct(">I")
 MESSAGE_TYPES = ("hello", "report", "checkpoint", "ping")  # job -> meshd
 REPLY_TYPES = ("ok", "error")  # meshd -> job; an "ok" may carry "directives" (list of maps with "kind")
 DEFAULT_ITERATIONS = 100  # a job's expected iterations when neither `mesh submit --iters` nor its script says
-PREEMPTED_EXIT_CODE = 75  # a rank that checkpointed and exited on request: preempted, resumable (EX_TEMPFAIL)
 MAX_NAME = 128  # characters of a job name or model name (they are columns of `mesh ls`)
 
 

@@ -4,13 +4,18 @@ The training loop only appends a `StepRecord` to a bounded deque (no I/O, no loc
 `interval` seconds the thread folds the records gathered since the last flush into one `report` frame
 (latest step, samples, mean forward and iteration times) and sends it on the job socket; meshd's reply may
 carry directives (checkpoint-and-exit, calibration), handed to `on_directive`. The thread also polls when
-no step finished, so a directive reaches a job whose steps are slow. If meshd is unreachable the reports
-are dropped (and the connection retried each interval): training never waits for the scheduler.
+no step finished, so a directive reaches a job whose steps are slow; and between flushes it listens on the
+socket, so that when meshd nudges (it queued a directive) it sends at once instead of at the next interval.
+If meshd is unreachable the reports are dropped (and the connection retried each interval): training never
+waits for the scheduler.
 """
 
 from __future__ import annotations
 
+import select
+import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +43,7 @@ class Reporter:
         self._stop = threading.Event()
         self._client = None
         self._checkpoint: int | None = None  # step of a checkpoint meshd has not been told about
+        self._wake_r, self._wake_w = socket.socketpair()  # close() ends the thread's wait at once
         self.sent = 0
         self._thread = threading.Thread(target=self._run, name=f"mesh-reporter-{rank}", daemon=True)
         self._thread.start()
@@ -56,7 +62,7 @@ class Reporter:
         except OSError:
             return None
         try:
-            hello = {"type": "hello", "sdk": 1, "rank": self.rank}
+            hello = {"type": "hello", "sdk": 1, "rank": self.rank, "nudge": 1}
             if self.total_steps:
                 hello["steps"] = self.total_steps
             client.request(hello)
@@ -67,9 +73,27 @@ class Reporter:
 
     def _run(self) -> None:
         self._client = self._connect()
-        while not self._stop.wait(self.interval):
+        while not self._wait():
             self.flush()
         self.flush()
+
+    def _wait(self) -> bool:
+        """Until the interval has passed or meshd nudged (False), or close() was called (True)."""
+        deadline = time.monotonic() + self.interval
+        while not self._stop.is_set():
+            client = self._client
+            if client is not None:
+                try:  # also a nudge that came in one read with the last reply: the socket shows nothing more
+                    if client.take_nudge():
+                        return False
+                except (OSError, ValueError):  # meshd closed the connection (or sent garbage): reconnect
+                    client.close()
+                    self._client = client = None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            select.select([self._wake_r] + ([client] if client is not None else []), [], [], left)
+        return True
 
     def flush(self) -> None:
         batch: list[StepRecord] = []
@@ -109,6 +133,9 @@ class Reporter:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake_w.send(b"x")
         self._thread.join(timeout=5.0)
         if self._client is not None:
             self._client.close()
+        self._wake_r.close()
+        self._wake_w.close()
