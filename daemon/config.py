@@ -152,11 +152,8 @@ class DaemonConfig:
             raise ConfigError("fake_gpus must be >= 0")
         if not (math.isfinite(self.log_max_mb) and self.log_max_mb > 0):
             raise ConfigError(f"log_max_mb must be a finite number > 0, got {self.log_max_mb!r}")
-        for key in ("kill_grace", "preempt_grace", "self_preempt_backoff", "node_grace"):
-            value = getattr(self, key)
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(f"{key} must be a finite number >= 0, got {value!r}")
-        for key in ("node_cpus", "reserved_cpus", "node_memory_gb", "reserved_memory_gb"):
+        for key in ("kill_grace", "preempt_grace", "self_preempt_backoff", "node_grace", "node_cpus", "reserved_cpus",
+                    "node_memory_gb", "reserved_memory_gb"):
             value = getattr(self, key)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{key} must be a finite number >= 0, got {value!r}")

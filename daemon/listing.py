@@ -26,8 +26,9 @@ class Listings:
     def __init__(self, daemon) -> None:
         self.daemon = daemon
         self._at = {"rows": -1, "views": -1}  # the journal's write count when each cache was last checked
-        self._rows: dict[str, tuple[tuple, tuple[str, ...]]] = {}  # job -> (key, its table row)
-        self._views: dict[str, list] = {}  # job -> [key, its encoded view, the same without PRIVATE]
+        # per cache, job -> (key, {slot: its piece}); rows: one slot (the table row); views: the encoded view
+        # for its owner or an operator ("own") and the same without PRIVATE ("public")
+        self._cache: dict[str, dict[str, tuple]] = {"rows": {}, "views": {}}
 
     def _unchanged(self, cache: str) -> bool:
         """Nothing was written since `cache` was last checked (every piece in it holds)."""
@@ -45,48 +46,43 @@ class Listings:
         queued = job is not None and job.state.is_queued
         return d.journal.stamps.get(rec.job_id), d.engine.pending_reason(rec.job_id) if queued else ""
 
+    def _pieces(self, which: str, recs: list, slot_of, make) -> list:
+        """Each job's piece in `which` cache: `make(rec, now, slot)` unless a piece made since the job last changed
+        is there."""
+        same, now, out, cache = self._unchanged(which), time.time(), [], self._cache[which]
+        for rec in recs:
+            slot = slot_of(rec)
+            hit = cache.get(rec.job_id)
+            if hit is None or not same or slot not in hit[1]:
+                key = self._key(rec)
+                if hit is None or key is None or hit[0] != key:
+                    hit = (key, {})
+                    if key is not None:
+                        cache[rec.job_id] = hit
+                    else:  # it moves with the clock now: no piece of it may be served while nothing is written
+                        cache.pop(rec.job_id, None)
+                if slot not in hit[1]:
+                    hit[1][slot] = make(rec, now, slot)
+            out.append(hit[1][slot])
+        return out
+
     def table(self, recs: list) -> bytes:
         """The `mesh ls` table of `recs` (header first), UTF-8."""
-        same, now, rows, cache = self._unchanged("rows"), time.time(), [JOBS_HEADER], self._rows
-        for rec in recs:
-            hit = cache.get(rec.job_id)
-            if hit is not None and same:
-                rows.append(hit[1])
-                continue
-            key = self._key(rec)
-            if hit is None or key is None or hit[0] != key:
-                hit = (key, jobs_row(self.brief(rec, now)))
-                if key is not None:
-                    cache[rec.job_id] = hit
-                else:  # it moves with the clock now: no piece of it may be served while nothing is written
-                    cache.pop(rec.job_id, None)
-            rows.append(hit[1])
-        return ("\n".join(columns(rows)) + "\n").encode()
+        rows = self._pieces("rows", recs, lambda rec: "row", lambda rec, now, slot: jobs_row(self.brief(rec, now)))
+        return ("\n".join(columns([JOBS_HEADER, *rows])) + "\n").encode()
 
     def views(self, recs: list, uid: int | None, operator: bool) -> bytes:
         """The JSON list of the job views of `recs`; a user who is not an operator sees other users' jobs
         without their PRIVATE fields (the queue is public, what others run and where is not)."""
-        same, now, out, cache = self._unchanged("views"), time.time(), [], self._views
-        for rec in recs:
-            slot = 1 if operator or rec.uid == uid else 2
-            hit = cache.get(rec.job_id)
-            if hit is not None and same and hit[slot] is not None:
-                out.append(hit[slot])
-                continue
-            key = self._key(rec)
-            if hit is None or key is None or hit[0] != key:
-                hit = [key, None, None]
-                if key is not None:
-                    cache[rec.job_id] = hit
-                else:  # it moves with the clock now: no piece of it may be served while nothing is written
-                    cache.pop(rec.job_id, None)
-            if hit[slot] is None:
-                view = self.daemon.job_view(rec, now)
-                if slot == 2:
-                    view = {k: v for k, v in view.items() if k not in PRIVATE}
-                hit[slot] = _encode(view).encode()
-            out.append(hit[slot])
-        return b"[" + b",".join(out) + b"]"
+
+        def make(rec, now: float, slot: str) -> bytes:
+            view = self.daemon.job_view(rec, now)
+            if slot == "public":
+                view = {k: v for k, v in view.items() if k not in PRIVATE}
+            return _encode(view).encode()
+
+        slot_of = lambda rec: "own" if operator or rec.uid == uid else "public"  # noqa: E731
+        return b"[" + b",".join(self._pieces("views", recs, slot_of, make)) + b"]"
 
     def brief(self, rec, now: float) -> dict:
         """job_view's squeue columns only: the same values at a fraction of the cost."""
