@@ -43,7 +43,8 @@ from meshsched.estimate import ProfileEstimator
 from meshsched.executor import check_handlers, dispatch
 from meshsched.perf.loader import installed_handle
 from meshsched.policies.registry import make_policy, needs_models
-from meshsched.protocol import DEFAULT_ITERATIONS, PREEMPTED_EXIT_CODE, ReportContext, SubmitRequest, check_report
+from meshsched.exitcodes import PREEMPTED_EXIT_CODE
+from meshsched.protocol import DEFAULT_ITERATIONS, ReportContext, SubmitRequest, check_report
 from meshsched.state import ExecConfig, JobSpec, JobState, NodeSpec
 
 LOG = logging.getLogger("meshd")

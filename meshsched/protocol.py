@@ -14,8 +14,6 @@ from typing import Any
 
 import msgpack
 
-from meshsched.exitcodes import PREEMPTED_EXIT_CODE  # noqa: F401 (re-exported: meshd and tests use it)
-
 PROTOCOL_VERSION = 1
 MAX_FRAME = 64 * 1024  # bytes of msgpack body
 HEADER = struct.Struct(">I")

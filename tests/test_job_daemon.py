@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from meshsched.daemon.node import NodeDaemon
-from meshsched.protocol import PREEMPTED_EXIT_CODE, ProtocolError, decode_body, encode_frame
+from meshsched.exitcodes import PREEMPTED_EXIT_CODE
+from meshsched.protocol import ProtocolError, decode_body, encode_frame
 from meshsched.protocol import SubmitRequest
 from tests.test_daemon_helpers import kill_sessions, make_config, py, wait_for
 

@@ -26,8 +26,8 @@ def test_start_up_leaves_the_wire_protocol_and_torch_out(statement):
 
 
 def test_the_exit_code_is_one_value_everywhere():
-    from meshsched import job, protocol
+    from meshsched import job
     from meshsched.daemon import supervisor
     from meshsched.exitcodes import PREEMPTED_EXIT_CODE
 
-    assert job.PREEMPTED_EXIT_CODE == protocol.PREEMPTED_EXIT_CODE == supervisor.PREEMPTED_EXIT_CODE == PREEMPTED_EXIT_CODE == 75
+    assert job.PREEMPTED_EXIT_CODE == supervisor.PREEMPTED_EXIT_CODE == PREEMPTED_EXIT_CODE == 75
