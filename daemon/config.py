@@ -6,7 +6,8 @@ Defaults (documented in docs/daemon.md):
   runtime_dir    /run/meshsched as root, else $XDG_RUNTIME_DIR/meshsched, else /tmp/meshsched-$UID
   policy         sjf            (any stack `make_policy` accepts, e.g. srtf@360, castor+srtf, castor+gimbal, lazer)
   fake_gpus      0 = use NVML when present, else 8 fake GPUs
-  gpu_type       v100 for fake GPUs (so --model profiles apply); NVML reports the real name
+  gpu_type       "" = the GPU's own type: NVML's name as the profiles key it ('Tesla V100-SXM2-16GB' -> v100),
+                 v100 for fake GPUs; set it to model the GPUs with another type's profiles
   node_name      the host name
   http_tcp       "" (off); "HOST:PORT" also serves the API on TCP, which then needs a token: from
                  `token_file` (a file only meshd's user can read) or $MESHD_TOKEN, never the command line
@@ -73,7 +74,7 @@ class DaemonConfig:
     runtime_dir: Path
     policy: str = "sjf"
     fake_gpus: int = 0
-    gpu_type: str = "v100"
+    gpu_type: str = ""
     gpu_memory_mb: int = 16384
     node_name: str = ""
     http_tcp: str = ""

@@ -13,6 +13,27 @@ class GpuInfo:
     memory_total_mb: int
     uuid: str
 
+    @property
+    def cuda_id(self) -> str:
+        """What CUDA_VISIBLE_DEVICES names this GPU by: its UUID for a real GPU (CUDA's device order can differ
+        from NVML's, and an MPS server renumbers the devices it serves, so an index would pick another GPU or
+        fail); the index for a fake one."""
+        return self.uuid if self.uuid.startswith("GPU-") else str(self.index)
+
+
+_VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
+
+
+def profile_type(name: str) -> str:
+    """The GPU type the performance profiles are keyed by, from a device's name: 'Tesla V100-SXM2-16GB' -> 'v100',
+    'NVIDIA H200' -> 'h200', 'NVIDIA GeForce RTX 4090' -> 'rtx4090'."""
+    words = [w for w in name.lower().replace("-", " ").split() if w not in _VENDOR_WORDS]
+    if not words:
+        return name.lower()
+    if words[0] in ("rtx", "gtx") and len(words) > 1:
+        return words[0] + words[1]
+    return words[0]
+
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
@@ -30,6 +51,9 @@ class GpuBackend(Protocol):
     def readings(self) -> list[GpuReading]: ...
 
     def close(self) -> None: ...
+
+
+FAKE_GPU_TYPE = "v100"  # so `--model` profiles apply
 
 
 class FakeGpus:
@@ -98,10 +122,10 @@ class NvmlGpus:
 
 
 def open_backend(fake_gpus: int, gpu_type: str, memory_mb: int) -> GpuBackend:
-    """`fake_gpus` > 0 forces fakes; 0 tries NVML and falls back to 8 fake GPUs."""
+    """`fake_gpus` > 0 forces fakes; 0 tries NVML and falls back to 8 fake GPUs (named `gpu_type`, else v100)."""
     if fake_gpus > 0:
-        return FakeGpus(fake_gpus, gpu_type, memory_mb)
+        return FakeGpus(fake_gpus, gpu_type or FAKE_GPU_TYPE, memory_mb)
     try:
         return NvmlGpus()
     except Exception:  # no pynvml, no driver, no GPUs: all mean "use fakes"
-        return FakeGpus(8, gpu_type, memory_mb)
+        return FakeGpus(8, gpu_type or FAKE_GPU_TYPE, memory_mb)

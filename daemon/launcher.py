@@ -146,7 +146,9 @@ class Launcher:
         (job_dir / "result.json").unlink(missing_ok=True)
         _write_private(job_dir / "launch.json", json.dumps(asdict(spec)))
         log = str(job_dir / "supervisor.log")
-        argv = [sys.executable, "-m", "meshsched.daemon.supervisor", str(job_dir)]
+        # -P: the job's working directory is not put on sys.path (a checkout of meshsched there would shadow the
+        # installed package, and the supervisor would not start)
+        argv = [sys.executable, "-P", "-m", "meshsched.daemon.supervisor", str(job_dir)]
         if owner is not None:
             argv += ["--as-user", owner.argument()]
         if self._systemd_run:  # systemd-run --scope execs the command in place: same pid, own cgroup

@@ -28,7 +28,7 @@ from meshsched import events as ev
 from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
 from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.dirs import highest_job_dir, private_dir
-from meshsched.daemon.gpus import GpuBackend, open_backend
+from meshsched.daemon.gpus import GpuBackend, open_backend, profile_type
 from meshsched.daemon.hostres import HostResources, host_resources
 from meshsched.daemon.jobcontrol import JobControl, control_spec, refuse_never_runnable, resources
 from meshsched.daemon.journal import Journal, JobRecord
@@ -357,6 +357,7 @@ class NodeDaemon:
         if not ranks or self.launcher.running(rec.job_id):
             return  # its ranks run on other nodes (or, replaying the mesh's log, already here)
         local = [state.gpus[action.gpus[r]].local_index for r in ranks]
+        inv = self.gpus.inventory()
         nodes = list(dict.fromkeys(state.gpus[g].node for g in action.gpus))
         many = len(nodes) > 1
         env = dict(os.environ)
@@ -375,6 +376,7 @@ class NodeDaemon:
             output=rec.output, error=rec.error,
             checkpoint_dir=str(self._checkpoints(rec)), grace=self.config.kill_grace,
             rank_envs=[self.mps.client_env(g, share=x.mps_percentage, mem_limit_mb=x.memory_limit_mb) for g in local],
+            devices=[inv[g].cuda_id for g in local],
         )
         try:
             owner = owner_of(rec.uid) if rec.uid is not None else None  # many users: the job runs as its submitter
@@ -497,8 +499,10 @@ class NodeDaemon:
             self.dispatch(ev.CancelRequested(self._sid("cancelled"), job_id))
             return
         again = self._restart_for.pop(job_id, None)
-        if again is not None and outcome.status == "preempted" and not rec.pausing:
-            # checkpointed for a reconfiguration: the same GPUs, the new config, resumed from the checkpoint
+        if again is not None and outcome.status not in ("completed", "failed") and not rec.pausing:
+            # checkpointed for a reconfiguration, or stopped by signal (a job not on the SDK's socket yet; its
+            # supervisor, signalled before it set up, leaves no result): the same GPUs, the new config, resumed
+            # from the last checkpoint
             self._launch(Launch(job_id, job.gpus, job.checkpoint_iterations, job.restarts, again))
             if run is not None:
                 self._runs[job_id] = run  # the same run to the engine: it did not count a launch
@@ -546,7 +550,8 @@ class NodeDaemon:
     def node_spec(self, address: str = "") -> NodeSpec:
         """This node as the engine (and, in its NodeJoined entry, every node of a mesh) accounts it."""
         inv = self.gpus.inventory()
-        return NodeSpec(self.config.node_name, len(inv), inv[0].name, inv[0].memory_total_mb, address,
+        gpu_type = self.config.gpu_type or profile_type(inv[0].name)
+        return NodeSpec(self.config.node_name, len(inv), gpu_type, inv[0].memory_total_mb, address,
                         self.host.cpus, self.host.memory_gb)
 
     def _recover(self) -> None:

@@ -63,6 +63,7 @@ class LaunchSpec:
     world_size: int = 0  # ranks over all nodes (0: the local ones)
     node_rank: int = 0  # this node's place among the job's nodes (GROUP_RANK)
     master_addr: str = "127.0.0.1"  # rank 0's node
+    devices: list[str] = field(default_factory=list)  # CUDA_VISIBLE_DEVICES per local rank (GpuInfo.cuda_id)
     output: str = ""  # a file every rank's stdout is also appended to ("": only the rank logs)
     error: str = ""  # the same for stderr ("": with stdout)
 
@@ -85,7 +86,8 @@ def rank_env(spec: LaunchSpec, rank: int) -> dict[str, str]:
         GROUP_RANK=str(spec.node_rank),
         MASTER_ADDR=spec.master_addr,
         MASTER_PORT=str(spec.master_port),
-        CUDA_VISIBLE_DEVICES=str(spec.local_gpus[rank]),
+        CUDA_VISIBLE_DEVICES=spec.devices[rank] if rank < len(spec.devices) else str(spec.local_gpus[rank]),
+        CUDA_DEVICE_ORDER="PCI_BUS_ID",  # CUDA numbers GPUs as NVML does
         MESH_JOB_ID=spec.job_id,
         MESH_SOCKET=spec.socket,
         MESH_CHECKPOINT_DIR=spec.checkpoint_dir,

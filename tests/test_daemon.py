@@ -332,3 +332,16 @@ async def test_lazer_memory_survives_a_restart(dirs):
         pids += [r.supervisor_pid for r in d2.records.values()]
         await d2.close()
         kill_sessions(pids)
+
+
+async def test_the_supervisor_does_not_import_from_meshds_cwd(daemon):
+    """meshd started from a checkout of this repo, with meshsched installed (not editable), started no supervisor:
+    the supervisor inherits meshd's cwd, `python -m` put it first on sys.path, and the checkout's `meshsched/`
+    (which has no `daemon` package: it lives at the top level) shadowed the installed one (seen on the GPU machine:
+    "No module named 'meshsched.daemon'"). An editable install, as here, hides it, so the command line is checked."""
+    rec = submit(daemon, py("import time; time.sleep(30)"))
+    await wait_for(lambda: daemon.records[rec.job_id].supervisor_pid, what="supervisor up")
+    argv = open(f"/proc/{daemon.records[rec.job_id].supervisor_pid}/cmdline").read().split("\0")
+    assert argv[1:4] == ["-P", "-m", "meshsched.daemon.supervisor"]
+    daemon.cancel(rec.job_id)
+    await wait_for(lambda: state(daemon, rec.job_id) == "CANCELLED", what="cancelled")

@@ -305,3 +305,37 @@ async def test_meshd_carries_out_liss_by_directive_and_lgrr_by_restart(tmp_path,
         await d.close()
         kill_sessions(pids)
         remove(runtime)
+
+
+@pytest.mark.slow
+async def test_an_lgrr_restart_of_a_job_not_yet_on_the_socket_relaunches_it(tmp_path, fake_control):
+    """A squeeze decided the moment a partner starts reaches a job that has not said hello yet: meshd stops it by
+    signal (no SDK to checkpoint-and-exit), and the relaunch must follow; before, the supervisor's 'terminated'
+    outcome failed the job (seen with gpu_meshd.py's rehearsal: two jobs submitted together under sjf-ffs+gimbal)."""
+    from meshsched.daemon.mps import RealMps
+    from meshsched.daemon.node import NodeDaemon
+    from meshsched.protocol import SubmitRequest
+    from tests.test_daemon_helpers import kill_sessions, make_config, py, remove, short_dir, wait_for
+
+    runtime = short_dir()
+    d = NodeDaemon(make_config(tmp_path / "state", runtime, gpus=1))
+    await d.start()
+    d.mps = RealMps(runtime / "mps", [0])
+    await d.mps.start()
+    try:
+        code = "import os, time; print('mps', os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'), flush=True); time.sleep(60)"
+        rec = d.submit(SubmitRequest(command=py(code), cwd="/tmp", gpus=1, batch_size=20, model="lm"), "u")
+        log = d.config.jobs_dir / rec.job_id / "logs" / "rank0.log"
+        await wait_for(lambda: log.exists() and "mps 100" in log.read_text(), what="job up")
+        job = d.engine.state.jobs[rec.job_id]
+        lgrr = ExecConfig(20, mps_percentage=60)
+        assert _reconfigure(d, rec.job_id, lgrr) == [Reconfigure(rec.job_id, lgrr, restart=True)]
+        await wait_for(lambda: "mps 60" in log.read_text(), timeout=30, what="relaunched at 60%")
+        await wait_for(lambda: job.exec == lgrr and job.exec_pending is None, what="ReconfigureApplied (LGRR)")
+        assert job.state is JobState.RUNNING and d.records[rec.job_id].state == "RUNNING"
+    finally:
+        pids = [r.supervisor_pid for r in d.records.values()]
+        await d.mps.close()
+        await d.close()
+        kill_sessions(pids)
+        remove(runtime)
