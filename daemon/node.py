@@ -30,7 +30,8 @@ from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.dirs import highest_job_dir, private_dir
 from meshsched.daemon.gpus import GpuBackend, open_backend
 from meshsched.daemon.hostres import HostResources, host_resources
-from meshsched.daemon.jobcontrol import JobControl, control_spec, refuse_never_runnable, resources
+from meshsched.daemon.jobcontrol import (HOLDING, TERMINAL, JobControl, default_name, job_spec,
+                                         refuse_never_runnable, resources)
 from meshsched.daemon.journal import Journal, JobRecord
 from meshsched.daemon.listing import Listings
 from meshsched.daemon.launcher import Launcher, Outcome, free_port, read_outcome
@@ -45,12 +46,10 @@ from meshsched.perf.loader import installed_handle
 from meshsched.policies.registry import make_policy, needs_models
 from meshsched.exitcodes import PREEMPTED_EXIT_CODE
 from meshsched.protocol import DEFAULT_ITERATIONS, ReportContext, SubmitRequest, check_report
-from meshsched.state import ExecConfig, JobSpec, JobState, NodeSpec
+from meshsched.state import ExecConfig, JobState, NodeSpec
 
 LOG = logging.getLogger("meshd")
-HOLDING = {s.value for s in JobState if s.holds_gpus}
 REPORT_GAP = 5.0  # (mesh) seconds between a job's progress reports in the log (they reach every node)
-TERMINAL = {s.value for s in JobState if s.is_terminal}
 _VIEW_FIELDS = tuple(f.name for f in fields(JobRecord) if f.name != "env")  # the API's job view
 
 
@@ -60,10 +59,6 @@ class Status(enum.Enum):
     RUNNING = "running"
     CLOSING = "closing"
     CLOSED = "closed"
-
-
-class SubmitError(ValueError):
-    """A submission the cluster can never run (answered 400)."""
 
 
 class NodeDaemon:
@@ -605,11 +600,11 @@ class NodeDaemon:
         rec = JobRecord(
             job_id=job_id, seq=seq, gpus=req.gpus, model=req.model, batch_size=req.batch_size,
             iterations=req.iterations or DEFAULT_ITERATIONS, iterations_given=req.iterations is not None,
-            submit_time=time.time(), name=req.name or _printable(Path(_script(req.command)).name[:40]),
+            submit_time=time.time(), name=req.name or default_name(req.command),
             user=user, deadline=req.deadline, guaranteed=req.guaranteed, command=req.command, cwd=req.cwd,
             env=req.env, job_dir=str(self.config.jobs_dir / job_id), **resources(req),
         )
-        spec = _spec(rec)  # validates
+        spec = job_spec(rec)  # validates
         with self.journal.batch():  # durable first: a failed write (full disk) leaves no phantom job
             self.journal.put(rec)
             self.journal.transition(job_id, rec.submit_time, "PENDING", "submitted")
@@ -796,7 +791,7 @@ class NodeDaemon:
         for rec in self.records.values():
             if rec.job_id not in state.jobs and rec.state == "PENDING" and rec.job_id.startswith(
                     f"{self.config.node_name}."):
-                self.submitted(rec, ev.JobSubmitted(self._sid("submit"), _spec(rec), held=rec.held))  # never logged
+                self.submitted(rec, ev.JobSubmitted(self._sid("submit"), job_spec(rec), held=rec.held))  # never logged
             job = state.jobs.get(rec.job_id)
             if rec.cancel_proposed and job is not None and not job.state.is_terminal:  # it may have died in the outbox
                 self._input(ev.CancelRequested(self._sid("cancel"), rec.job_id))
@@ -930,23 +925,3 @@ def _lock(path: Path):
 
 def _id_key(job_id: str) -> tuple:
     return (0, int(job_id), "") if job_id.isdigit() else (1, 0, job_id)
-
-
-def _printable(text: str) -> str:
-    """`text` with control characters (newlines, escapes) replaced by '?': it becomes a column of `mesh ls`."""
-    return "".join(c if c.isprintable() else "?" for c in text)
-
-
-def _script(command: list[str]) -> str:
-    """The script a command runs: the first argument after the interpreter that is not an option."""
-    if len(command) > 1 and Path(command[0]).name.startswith("python"):
-        return next((a for a in command[1:] if not a.startswith("-")), command[0])
-    return command[0]
-
-
-def _spec(rec: JobRecord) -> JobSpec:
-    return JobSpec(
-        job_id=rec.job_id, gpus=rec.gpus, model=rec.model, batch_size=rec.batch_size, iterations=rec.iterations,
-        submit_time=rec.submit_time, name=rec.name, user=rec.user, deadline=rec.deadline, guaranteed=rec.guaranteed,
-        plan=rec.plan, cpus=rec.cpus, memory_gb=rec.memory_gb, tenant=rec.tenant, **control_spec(rec),
-    )
