@@ -273,7 +273,7 @@ class JobControl:
             for rec, spec in recs:
                 d.submitted(rec, ev.JobSubmitted(d._sid("submit"), spec, held=ctl.hold))
         if not ctl.tasks:
-            return d.job_view(recs[0][0]), 201
+            return d.listings.job_view(recs[0][0]), 201
         return {"array_id": array_id, "job_ids": [r.job_id for r, _ in recs], "tasks": len(recs),
                 "array_limit": ctl.array_limit}, 201
 

@@ -50,7 +50,6 @@ from meshsched.state import ExecConfig, JobState, NodeSpec
 
 LOG = logging.getLogger("meshd")
 REPORT_GAP = 5.0  # (mesh) seconds between a job's progress reports in the log (they reach every node)
-_VIEW_FIELDS = tuple(f.name for f in fields(JobRecord) if f.name != "env")  # the API's job view
 
 
 class Status(enum.Enum):
@@ -808,81 +807,6 @@ class NodeDaemon:
     def leadership_changed(self) -> None:
         self._notifier.send(f"STATUS=mesh leader: {self.mesh.leader or 'none'}")
 
-    # ---------------------------------------------------------------- views
-
-    def job_view(self, rec: JobRecord, now: float | None = None) -> dict:
-        now = time.time() if now is None else now
-        out = {k: getattr(rec, k) for k in _VIEW_FIELDS}
-        job = self.engine.state.jobs.get(rec.job_id)
-        if job is not None and not job.state.is_terminal:
-            out["done_iterations"] = round(job.iterations_at(now), 3)
-            out["step_time"] = job.step_time
-            if job.state.is_queued:
-                out["reason"] = self.engine.pending_reason(rec.job_id)
-        start = rec.start_time
-        out["elapsed"] = 0.0 if start is None else max(0.0, (rec.end_time or now) - start)
-        if rec.cancelling and rec.state in HOLDING:  # Slurm's word for "ending, processes still there"
-            out["state"], out["reason"] = "COMPLETING", "cancelled; waiting for its processes to exit"
-        out["gpu_names"] = [self.engine.state.gpus[g].local_index for g in rec.assigned]
-        if job is not None and job.state.holds_gpus:  # its colocation set: jobs sharing any of its GPUs
-            out["partners"] = self.partners(job)
-            if job.exec_pending is not None:
-                out["exec_pending"] = job.exec_pending.to_dict()
-        else:
-            out["partners"] = []
-        ranks = self.throughput.get(rec.job_id)
-        if ranks and job is not None and not job.state.is_terminal:  # reported by meshsched.job, per rank
-            out["samples_per_second"] = round(sum(r["samples_per_second"] for r in ranks.values()), 3)
-            out["rank_reports"] = {str(k): v for k, v in sorted(ranks.items())}
-        return out
-
-    def partners(self, job) -> list[str]:
-        """The jobs sharing any of `job`'s GPUs (its colocation set)."""
-        gpus = self.engine.state.gpus
-        return sorted({o for g in job.gpus for o in gpus[g].jobs if o != job.job_id}, key=_id_key)
-
-    def node_view(self) -> dict:
-        inv = self.gpus.inventory()
-        readings = {r.index: r for r in self.gpus.readings()}
-        state = self.engine.state
-        node = state.nodes.get(self.config.node_name)  # None in a mesh until the log says it joined
-        jobs_on = {state.gpus[g].local_index: list(state.gpus[g].jobs) for g in (node.gpus if node else ())}
-        gpus = []
-        for info in inv:
-            rd = readings.get(info.index)
-            gpus.append({
-                "index": info.index, "name": info.name, "uuid": info.uuid, "memory_total_mb": info.memory_total_mb,
-                "memory_used_mb": rd.memory_used_mb if rd else 0, "utilization": rd.utilization if rd else -1,
-                "temperature": rd.temperature if rd else -1, "jobs": jobs_on.get(info.index, []),
-            })
-        out = {
-            "name": self.config.node_name, "backend": self.gpus.kind, "policy": self.engine.policy.name,
-            "gpus": gpus, "free_gpus": state.free_by_node.get(self.config.node_name, 0), "total_gpus": len(inv),
-            "cpus": self.host.cpus, "memory_gb": self.host.memory_gb,
-            "alive": node is not None and node.alive, "mps": self.mps.kind, "queue_length": self.engine.queue_length,
-            "running": sum(1 for r in self.records.values() if r.state in HOLDING),
-            "uptime": time.time() - self.started_at,
-        }
-        if self.mesh is not None:
-            out.update(leader=self.mesh.leader == self.config.node_name, mesh=self.mesh.view())
-        return out
-
-    def nodes_view(self) -> list[dict]:
-        """This node in full; in a mesh, every other node as the shared engine state knows it."""
-        here = self.node_view()
-        if self.mesh is None:
-            return [here]
-        state, out = self.engine.state, [here]
-        for name, node in sorted(state.nodes.items()):
-            if name != here["name"]:
-                out.append({"name": name, "backend": "mesh", "policy": here["policy"], "alive": node.alive,
-                            "gpus": [{"index": state.gpus[g].local_index, "name": node.gpu_type,
-                                      "jobs": list(state.gpus[g].jobs)} for g in node.gpus],
-                            "free_gpus": state.free_by_node.get(name, 0), "total_gpus": node.size,
-                            "cpus": node.cpus, "memory_gb": node.host_memory_gb,
-                            "queue_length": here["queue_length"], "leader": self.mesh.leader == name})
-        return out
-
 
 def _shared_port(job_id: str, run: int) -> int:
     """MASTER_PORT of a job across nodes: every node computes the same one from the job and its run."""
@@ -922,6 +846,3 @@ def _lock(path: Path):
     os.write(fd, f"{os.getpid()}\n".encode())
     return lambda: os.close(fd)
 
-
-def _id_key(job_id: str) -> tuple:
-    return (0, int(job_id), "") if job_id.isdigit() else (1, 0, job_id)
