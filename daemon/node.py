@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import AsyncExitStack
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from meshsched import events as ev
@@ -35,6 +35,7 @@ from meshsched.daemon.jobcontrol import (HOLDING, TERMINAL, JobControl, default_
 from meshsched.daemon.journal import Journal, JobRecord
 from meshsched.daemon.listing import Listings
 from meshsched.daemon.launcher import Launcher, Outcome, free_port, read_outcome
+from meshsched.daemon.mesh_node import MeshReplica, shared_port
 from meshsched.daemon.mps import MpsManager, open_mps
 from meshsched.daemon.notify import Notifier
 from meshsched.daemon.users import owner_of, share_dirs
@@ -49,7 +50,6 @@ from meshsched.protocol import DEFAULT_ITERATIONS, ReportContext, SubmitRequest,
 from meshsched.state import ExecConfig, JobState, NodeSpec
 
 LOG = logging.getLogger("meshd")
-REPORT_GAP = 5.0  # (mesh) seconds between a job's progress reports in the log (they reach every node)
 
 
 class Status(enum.Enum):
@@ -92,9 +92,8 @@ class NodeDaemon:
         check_handlers("meshd", self._handlers)
         self._id_floor = 1  # new job ids continue past every existing job directory
         self.mesh = None  # a MeshLink under the etcd coordinator: the engine follows the mesh's log
+        self.replica: MeshReplica | None = None  # (mesh) what this node does with that log
         self._runs: dict[str, int] = {}  # job -> the launch count its local ranks were started with
-        self._pending_outcomes: list[tuple[str, Outcome, bool]] = []  # (mesh) exits found at start
-        self._reported: dict[str, float] = {}  # (mesh) job -> when its last progress report was proposed
         self.control = JobControl(self)  # arrays, dependencies, time limits, hold/release/requeue, --wait
         self.listings = Listings(self)  # `mesh ls` and `mesh ls --json`, cached between state changes
 
@@ -137,9 +136,10 @@ class NodeDaemon:
                 from meshsched.daemon.coordinator import open_coordinator
                 from meshsched.daemon.mesh import MeshLink
 
-                self.mesh = MeshLink(self, open_coordinator(cfg.coordinator, cfg.node_name), cfg.coordinator,
-                                     cfg.node_grace)
-                self._recover_local_runs()
+                self.replica = MeshReplica(self)
+                self.mesh = MeshLink(self, self.replica, open_coordinator(cfg.coordinator, cfg.node_name),
+                                     cfg.coordinator, cfg.node_grace)
+                self.replica.recover_local_runs()
                 self.mesh.start()
                 self._stack.push_async_callback(self.mesh.close)
             else:
@@ -229,8 +229,8 @@ class NodeDaemon:
                 self._sync(job_id, now)
             if index is not None:
                 self.journal.set_applied(index)
-        if self.mesh is not None:
-            self._stop_released(touched)
+        if self.replica is not None:
+            self.replica.stop_released(touched)
 
     def _journal_memory(self) -> None:
         encode = getattr(self.engine.policy.preemption, "encode_memory", None)
@@ -362,7 +362,7 @@ class NodeDaemon:
         self._forget_run(rec.job_id)
         spec = LaunchSpec(
             job_id=rec.job_id, command=rec.command, cwd=rec.cwd, env=env, local_gpus=local,
-            master_port=_shared_port(rec.job_id, action.restart) if many else free_port(), restart=action.restart,
+            master_port=shared_port(rec.job_id, action.restart) if many else free_port(), restart=action.restart,
             socket=str(self.config.job_socket), first_rank=ranks[0], world_size=len(action.gpus),
             node_rank=nodes.index(self.config.node_name),
             master_addr=self.mesh.addresses.get(nodes[0], nodes[0]) if many else "127.0.0.1",
@@ -509,7 +509,8 @@ class NodeDaemon:
     def _forget_run(self, job_id: str) -> None:
         """Drop what belonged to the job's last run (directives, throughput, the preemption timer)."""
         self.sdk_jobs.discard(job_id)
-        self._reported.pop(job_id, None)
+        if self.replica is not None:
+            self.replica.forget_run(job_id)
         self.directives.pop(job_id, None)
         self.throughput.pop(job_id, None)
         timer = self._preempt_timers.pop(job_id, None)
@@ -591,6 +592,18 @@ class NodeDaemon:
         live = sum(1 for r in self.records.values() if r.state not in TERMINAL)
         LOG.info("recovered %d job record(s), %d not finished", len(self.records), live)
 
+    def _kill_leftovers(self, rec: JobRecord) -> None:
+        """Its supervisor died while meshd was down: SIGKILL what it left (ranks, their children)."""
+        left = self.launcher.kill_leftovers(rec.job_id, rec.supervisor_pid)
+        if left:
+            LOG.warning("job %s: killed %d process(es) its dead supervisor left", rec.job_id, len(left))
+
+    def _reap_orphan(self, rec: JobRecord) -> None:
+        """meshd crashed between spawning the job and journaling the launch: SIGKILL that supervisor."""
+        orphan = self.launcher.reap_orphan(Path(rec.job_dir), rec.job_id)
+        if orphan is not None:
+            LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
+
     # ---------------------------------------------------------------- requests (API and job socket)
 
     def submit(self, req: SubmitRequest, user: str) -> JobRecord:
@@ -627,13 +640,8 @@ class NodeDaemon:
 
     def cancel(self, job_id: str) -> JobRecord:
         rec = self.records[job_id]
-        if self.mesh is not None:  # the node holding its ranks kills them when the cancel is in the log
-            if rec.state not in TERMINAL:
-                if not rec.cancel_proposed:  # journaled before the answer: a crash cannot lose it in the outbox
-                    rec.cancel_proposed = True
-                    with self.journal.batch():
-                        self.journal.put(rec)
-                self._input(ev.CancelRequested(self._sid("cancel"), job_id))
+        if self.replica is not None:
+            self.replica.cancel(rec)
             return rec
         if rec.state in HOLDING and self.launcher.running(job_id):
             if not rec.cancelling:  # CANCELLED (and its GPUs free) once every process of it is gone
@@ -659,11 +667,8 @@ class NodeDaemon:
                 "samples_per_second": (samples or 0.0) / window if window else 0.0, "at": time.time(),
             }
         if not rank:
-            if self.mesh is not None:  # every report is a log entry on every node: at most one per REPORT_GAP
-                now = time.time()
-                if now - self._reported.get(job_id, -REPORT_GAP) < REPORT_GAP:
-                    return
-                self._reported[job_id] = now
+            if self.replica is not None and not self.replica.report_due(job_id):  # each is an entry on every node
+                return
             self._input(ev.IterationReport(self._sid("report"), job_id, iterations, step_time), self._runs.get(job_id))
             ranks = self.throughput.get(job_id, {})
             if rank is not None and len(ranks) == self.records[job_id].gpus > 1:  # every rank has reported
@@ -690,7 +695,7 @@ class NodeDaemon:
             return None
         return self.launcher.sessions.get(sid)
 
-    # ---------------------------------------------------------------- the mesh (etcd coordinator)
+    # ---------------------------------------------------------------- where a job's ranks run (in a mesh)
 
     def _rank0_here(self, job_id: str, running: bool = True) -> bool:
         """One server: always. In a mesh: rank 0 of the job's current run is on this node (it checkpoints,
@@ -701,101 +706,6 @@ class NodeDaemon:
         here = job is not None and bool(job.gpus) and self.engine.state.gpus[job.gpus[0]].node == self.config.node_name
         return here and (not running or self.launcher.running(job_id))
 
-    def apply_entry(self, entry, index: int, act: bool) -> None:
-        """One entry of the mesh's log, in log order, on every node (`act`: carry out its actions here; False
-        while replaying what this node already did before a restart)."""
-        e, jobs = entry.event, self.engine.state.jobs
-        if isinstance(e, ev.NodeJoined) and e.node.address:
-            self.mesh.addresses[e.node.name] = e.node.address
-        if isinstance(e, ev.JobSubmitted):
-            if e.spec.job_id in jobs:
-                return self._skip(index)
-            if e.spec.job_id not in self.records and entry.record is not None:
-                known = {f.name for f in fields(JobRecord)}
-                data = {k: v for k, v in entry.record.items() if k in known}
-                data.update(job_dir=str(self.config.jobs_dir / e.spec.job_id))
-                self.records[e.spec.job_id] = JobRecord(**data)
-        elif entry.run is not None:  # an exit or report of a run that is over (the job was requeued since)
-            job = jobs.get(getattr(e, "job_id", ""))
-            if job is None or job.restarts != entry.run:
-                return self._skip(index)
-        job_id = getattr(e, "job_id", None) or getattr(getattr(e, "spec", None), "job_id", None)
-        if job_id is not None and job_id not in self.records:
-            return self._skip(index)  # a job this log never submitted (cannot happen short of a foreign writer)
-        self._handle(e, entry.time, act, index)  # nothing queues behind it: in a mesh every input is proposed
-
-    def _skip(self, index: int) -> None:
-        with self.journal.batch():
-            self.journal.set_applied(index)
-
-    def _stop_released(self, job_ids: list[str]) -> None:
-        """Ranks still running here of a job the engine no longer places here (a multi-node job whose rank 0
-        ended, a job requeued while this node was counted lost) are stopped."""
-        for job_id in dict.fromkeys(job_ids):
-            job = self.engine.state.jobs.get(job_id)
-            here = job is not None and job.state.holds_gpus and any(
-                self.engine.state.gpus[g].node == self.config.node_name for g in job.gpus)
-            if not here and self.launcher.running(job_id) and job_id not in self._restart_for:
-                LOG.info("job %s: the mesh no longer places it here; stopping its ranks", job_id)
-                self.launcher.stop(job_id, self.config.kill_grace)
-
-    def _kill_leftovers(self, rec: JobRecord) -> None:
-        """Its supervisor died while meshd was down: SIGKILL what it left (ranks, their children)."""
-        left = self.launcher.kill_leftovers(rec.job_id, rec.supervisor_pid)
-        if left:
-            LOG.warning("job %s: killed %d process(es) its dead supervisor left", rec.job_id, len(left))
-
-    def _reap_orphan(self, rec: JobRecord) -> None:
-        """meshd crashed between spawning the job and journaling the launch: SIGKILL that supervisor."""
-        orphan = self.launcher.reap_orphan(Path(rec.job_dir), rec.job_id)
-        if orphan is not None:
-            LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
-
-    def _recover_local_runs(self) -> None:
-        """(mesh) Before the log is replayed: every job record this node kept, and its supervisors re-adopted;
-        the exits that happened while meshd was down are proposed once the log is replayed."""
-        for rec in self.journal.load():
-            self.records[rec.job_id] = rec
-            if rec.supervisor_pid:
-                if self.launcher.adopt(rec.job_id, rec.supervisor_pid, rec.supervisor_start, Path(rec.job_dir)):
-                    self._runs[rec.job_id] = rec.restarts
-                    continue
-                self._kill_leftovers(rec)
-                self._pending_outcomes.append((rec.job_id, read_outcome(Path(rec.job_dir)), rec.pausing))
-            elif Path(rec.job_dir).exists():
-                self._reap_orphan(rec)
-
-    def mesh_synced(self) -> None:
-        """(mesh) The log is replayed: join (again), report what ended meanwhile, hand over unsent submits and
-        cancels."""
-        state = self.engine.state
-        node = state.nodes.get(self.config.node_name)
-        if node is None or not node.alive:
-            self._input(ev.NodeJoined(self._sid("join"), self.node_spec(self.config.mesh_address or
-                                                                        self.config.node_name)))
-        for job_id, outcome, pausing in self._pending_outcomes:
-            job = state.jobs.get(job_id)
-            if job is not None and job.state.holds_gpus and self._rank0_here(job_id, running=False):
-                if outcome.status in ("lost", "terminated") and not pausing:
-                    event = ev.JobFailed(self._sid("recover"), job_id, "meshd restarted and the job's processes were "
-                                         "gone", requeue=True)
-                else:
-                    event = self._outcome_event(job_id, outcome, pausing)
-                self._input(event, job.restarts)
-        self._pending_outcomes.clear()
-        for job_id, run in self._runs.items():  # adopted, but its start may have died in the outbox
-            job = state.jobs.get(job_id)
-            if job is not None and job.state is JobState.LOADING and job.restarts == run and self._rank0_here(job_id):
-                self._input(ev.JobStarted(self._sid("spawned"), job_id), run)
-        for rec in self.records.values():
-            if rec.job_id not in state.jobs and rec.state == "PENDING" and rec.job_id.startswith(
-                    f"{self.config.node_name}."):
-                self.submitted(rec, ev.JobSubmitted(self._sid("submit"), job_spec(rec), held=rec.held))  # never logged
-            job = state.jobs.get(rec.job_id)
-            if rec.cancel_proposed and job is not None and not job.state.is_terminal:  # it may have died in the outbox
-                self._input(ev.CancelRequested(self._sid("cancel"), rec.job_id))
-        self._stop_released([j for j in self._runs if self.launcher.running(j)])
-
     def rank_home(self, rec: JobRecord, rank: int) -> tuple[str, int]:
         """The node that ran the job's global `rank` last and its local rank there (the log's name)."""
         gpus = self.engine.state.gpus
@@ -803,16 +713,6 @@ class NodeDaemon:
             return self.config.node_name, rank
         node = gpus[rec.assigned[rank]].node
         return node, sum(1 for g in rec.assigned[:rank] if gpus[g].node == node)
-
-    def leadership_changed(self) -> None:
-        self._notifier.send(f"STATUS=mesh leader: {self.mesh.leader or 'none'}")
-
-
-def _shared_port(job_id: str, run: int) -> int:
-    """MASTER_PORT of a job across nodes: every node computes the same one from the job and its run."""
-    import zlib
-
-    return 20000 + zlib.crc32(f"{job_id}:{run}".encode()) % 20000
 
 
 def _one_thread() -> None:
