@@ -19,8 +19,7 @@ from dataclasses import fields
 
 from meshsched.daemon.jobcontrol import HOLDING
 from meshsched.daemon.journal import JobRecord
-from meshsched.cli.jobs import JOBS_HEADER, jobs_row
-from meshsched.cli.output import columns
+from meshsched.jobtable import JOBS_HEADER, columns, jobs_row
 
 PRIVATE = ("command", "cwd", "job_dir", "output", "error", "rank_reports")  # not listed to other users
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps(..., separators) makes one a call
