@@ -20,7 +20,7 @@ from meshsched import events as ev
 from meshsched.daemon.config import ConfigError, load_config
 from meshsched.daemon.eventlog import LOGGED, Entry, LogError
 from meshsched.daemon.etcd_local import ETCD, NO_ETCD
-from meshsched.daemon.mesh_local import LocalMesh
+from meshsched.cli.mesh_local import LocalMesh
 from meshsched.state import Dependency, DependencyKind, ExecConfig, JobSpec, NodeSpec
 from test_daemon_helpers import poll, remove, short_dir
 
