@@ -4,7 +4,9 @@ This server is its own leader (the embedded local coordinator): the engine and p
 classes the simulator drives. Every engine event runs in one journal transaction; the job records
 touched by the event or its actions are written in it. Resources are set up in order in `start()` and
 torn down in reverse by `close()` (an AsyncExitStack). Closing meshd never stops jobs: they live in their
-own sessions and the next meshd re-adopts them.
+own sessions and the next meshd re-adopts them. Under the etcd coordinator the engine follows the mesh's log
+instead: `daemon/mesh.py` carries it, `daemon/mesh_node.py` applies it here. What the API shows of jobs and
+nodes is `daemon/listing.py`'s.
 """
 
 from __future__ import annotations
