@@ -30,7 +30,7 @@ from pathlib import Path
 
 from meshsched.cli.client import ApiError, DaemonUnavailable
 from meshsched.daemon.etcd_local import ETCD, NO_ETCD
-from meshsched.daemon.mesh_local import LocalMesh, MeshNode
+from meshsched.cli.mesh_local import LocalMesh, MeshNode
 
 JOB_SCRIPT = """\
 import os, sys, time

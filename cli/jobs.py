@@ -13,7 +13,8 @@ import sys
 import time
 
 from meshsched.cli.client import SOCKET_HELP, ApiError, Client, DaemonUnavailable, error_of
-from meshsched.cli.output import columns, fail, print_json, print_json_bytes
+from meshsched.cli.output import fail, print_json, print_json_bytes
+from meshsched.jobtable import batch, columns, exec_of, fmt_time, mps, partners
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 NOTHING_TO_CANCEL = 3  # `mesh cancel` exit code when a job had already ended (documented in --help, README)
@@ -48,24 +49,6 @@ def api_bytes(url: str) -> bytes:
 def unreachable(client: Client, exc: Exception) -> None:
     fail(f"meshd is not running (no daemon at {client.path}: {exc}); start one with `meshd --fake-gpus 8 &` "
          f"(or `mesh daemon`, `systemctl start meshd`), or {SOCKET_HELP}")
-
-
-def fmt_time(seconds: float) -> str:
-    """Slurm's TIME column: M:SS, H:MM:SS or D-HH:MM:SS."""
-    s = int(seconds)
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    if d:
-        return f"{d}-{h:02d}:{m:02d}:{s:02d}"
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def where(job: dict) -> str:
-    """NODE(REASON): the node while it holds GPUs, else (reason)."""
-    if job["state"] in ("LOADING", "RUNNING", "PAUSING"):
-        return job["node"]
-    return f"({job['reason']})" if job["reason"] else ""
 
 
 def parse_deadline(text: str, now: float) -> float:
@@ -148,37 +131,6 @@ def build_command(script: str, args: list[str]) -> list[str]:
     if path.endswith(".py") or not os.access(path, os.X_OK):
         return [sys.executable, path, *args]
     return [path, *args]
-
-
-def partners(job: dict) -> str:
-    """The jobs sharing its GPUs (its colocation set), or -."""
-    return ",".join(job.get("partners") or ()) or "-"
-
-
-def _exec(job: dict) -> dict | None:
-    """How it trains now (its ExecConfig) while it holds GPUs."""
-    return job.get("exec") if job["state"] in ("LOADING", "RUNNING", "PAUSING") else None
-
-
-def batch(job: dict) -> str:
-    """Per-GPU micro-batch x accumulation steps it trains with (its ExecConfig), or -."""
-    x = _exec(job)
-    return f"{x['micro_batch']}x{x['accumulation']}" if x else "-"
-
-
-def mps(job: dict) -> str:
-    """Its MPS active-thread percentage (100 = a whole GPU), or -."""
-    x = _exec(job)
-    return str(x["mps_percentage"]) if x else "-"
-
-
-JOBS_HEADER = ("JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "PARTNER", "BATCH", "MPS%", "NODE(REASON)")
-
-
-def jobs_row(j: dict) -> tuple[str, ...]:
-    """A job's squeue-style columns in `mesh ls` (meshd renders the table: daemon/listing.py)."""
-    return (j["job_id"], j["name"], j["user"], j["state"], fmt_time(j["elapsed"]), str(j["gpus"]), partners(j),
-            batch(j), mps(j), where(j))
 
 
 def _out(lines: list[str]) -> None:
@@ -283,7 +235,7 @@ def show(job_id: str, as_json: bool = False) -> None:
     lines.append(f"{'partners':>22}: {partners(job)}")
     lines.append(f"{'micro-batch x accum':>22}: {batch(job)}")
     lines.append(f"{'MPS %':>22}: {mps(job)}")
-    running = (_exec(job) or {}).get("plan")
+    running = (exec_of(job) or {}).get("plan")
     asked = {"plan": running or job.get("plan"),
              "plan asked": job.get("plan") if running and running != job.get("plan") else "",
              "cpus": job.get("cpus"), "memory (GB)": job.get("memory_gb"),

@@ -1,4 +1,4 @@
-"""Shared CLI output: one-line errors with a non-zero exit, JSON to stdout, plain aligned columns.
+"""Shared CLI output: one-line errors with a non-zero exit, JSON to stdout (aligned columns: meshsched.jobtable).
 
 Stdlib only (no typer, no rich; json when a command needs it): the common commands import this on their
 fast path.
@@ -32,12 +32,3 @@ def print_json_bytes(data: bytes) -> None:
     """JSON meshd sent, passed through as it came (one line): nothing to decode or encode again."""
     sys.stdout.flush()
     sys.stdout.buffer.write(data.rstrip(b"\n") + b"\n")
-
-
-def columns(rows: list[tuple[str, ...]]) -> list[str]:
-    """Left-aligned columns two spaces apart (the last column is not padded); rows[0] is the header."""
-    if not rows:
-        return []
-    widths = [max(map(len, col)) for col in list(zip(*rows))[:-1]]
-    fmt = "".join(f"%-{w}s  " for w in widths) + "%s"  # one format per row: thousands of rows in < 1 ms
-    return [fmt % tuple(r) for r in rows]

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from meshsched.cli.output import columns, fail, print_json
+from meshsched.cli.output import fail, print_json
+from meshsched.jobtable import columns
 from meshsched.perf import load_perf_model
 
 app = typer.Typer(help="Performance profiles: list them, refit them from measurements.", no_args_is_help=True)

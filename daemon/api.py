@@ -82,7 +82,7 @@ async def submit(request: web.Request) -> web.Response:
         req = SubmitRequest.from_json(body)
         who = users.peer(request)
         if ctl is PLAIN and who.operator:
-            return web.json_response(d.job_view(d.submit(req, who.name)), status=201)
+            return web.json_response(d.listings.job_view(d.submit(req, who.name)), status=201)
         answer, status = d.control.submit(req, ctl, who.name, None if who.operator else who.uid)
     except ValueError as exc:  # RequestError, SubmitError, bad JSON, JobSpec validation
         return _error(400, str(exc))
@@ -91,7 +91,7 @@ async def submit(request: web.Request) -> web.Response:
 
 async def show(request: web.Request) -> web.Response:
     d, rec = _record(request)
-    view = d.job_view(rec)
+    view = d.listings.job_view(rec)
     view["history"] = d.journal.history(rec.job_id)
     return web.json_response(view)
 
@@ -108,7 +108,7 @@ async def cancel(request: web.Request) -> web.Response:
         return web.json_response({"array_id": job_id, "tasks": tasks})
     d, rec = _record(request)
     before = rec.state  # `mesh cancel` says when the job had already ended and nothing was done
-    return web.json_response(dict(d.job_view(d.cancel(rec.job_id)), previous_state=before))
+    return web.json_response(dict(d.listings.job_view(d.cancel(rec.job_id)), previous_state=before))
 
 
 async def bulk_cancel(request: web.Request) -> web.Response:
@@ -225,7 +225,7 @@ async def logs(request: web.Request) -> web.Response:
 
 
 async def nodes(request: web.Request) -> web.Response:
-    return web.json_response(request.app[DAEMON_KEY].nodes_view())
+    return web.json_response(request.app[DAEMON_KEY].listings.nodes_view())
 
 
 async def metrics(request: web.Request) -> web.Response:

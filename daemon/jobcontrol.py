@@ -26,9 +26,14 @@ from meshsched.state import Dependency, DependencyKind, JobSpec, JobState
 
 MAX_ARRAY_TASKS = 10_000  # tasks in one array (Slurm's MaxArraySize is 1001 by default)
 MAX_PATTERN = 4096
-TERMINAL = frozenset(s.value for s in JobState if s.is_terminal)
+TERMINAL = frozenset(s.value for s in JobState if s.is_terminal)  # a record's state: the job has ended
+HOLDING = frozenset(s.value for s in JobState if s.holds_gpus)  # a record's state: the job holds its GPUs
 CONTROL_FIELDS = ("array", "dependency", "time_limit", "hold", "output", "error", "begin")
 PATTERN_HELP = "%j job id, %A array id, %a task id, %u user, %x job name, %% a percent sign"
+
+
+class SubmitError(ValueError):
+    """A submission the cluster can never run (answered 400)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +86,6 @@ def refuse_never_runnable(daemon, req: SubmitRequest) -> None:
     never run: more CPUs or memory than any node has, a plan the plan model calls infeasible, a guaranteed job
     over its tenant's quota, more GPUs than the node (or mesh) has. A mesh that has not caught up with its log
     has a partial view: its leader decides."""
-    from meshsched.daemon.node import SubmitError
-
     if daemon.mesh is not None and not daemon.mesh.synced:
         return
     total = daemon.engine.state.total_gpus
@@ -173,11 +176,25 @@ def expand_pattern(pattern: str, *, job_id: str, array_id: str, task: int | None
     return "".join(out)
 
 
-def control_spec(rec) -> dict:
-    """The JobSpec fields a record's job control gives (for `_spec` in node.py)."""
-    return {"dependencies": tuple(Dependency(DependencyKind(k), j) for k, j in rec.dependency),
-            "time_limit": rec.time_limit, "array_id": rec.array_id, "array_limit": rec.array_limit,
-            "begin_time": rec.begin_time}
+def job_spec(rec) -> JobSpec:
+    """The engine's JobSpec of a job record (validated by JobSpec), its job-control fields included."""
+    return JobSpec(
+        job_id=rec.job_id, gpus=rec.gpus, model=rec.model, batch_size=rec.batch_size, iterations=rec.iterations,
+        submit_time=rec.submit_time, name=rec.name, user=rec.user, deadline=rec.deadline, guaranteed=rec.guaranteed,
+        plan=rec.plan, cpus=rec.cpus, memory_gb=rec.memory_gb, tenant=rec.tenant,
+        dependencies=tuple(Dependency(DependencyKind(k), j) for k, j in rec.dependency), time_limit=rec.time_limit,
+        array_id=rec.array_id, array_limit=rec.array_limit, begin_time=rec.begin_time,
+    )
+
+
+def default_name(command: list[str]) -> str:
+    """A job's name when none is given: its script's file name (40 characters at most), with control characters
+    (newlines, escapes) replaced by '?': it becomes a column of `mesh ls`."""
+    if len(command) > 1 and Path(command[0]).name.startswith("python"):  # the first argument that is no option
+        script = next((a for a in command[1:] if not a.startswith("-")), command[0])
+    else:
+        script = command[0]
+    return "".join(c if c.isprintable() else "?" for c in Path(script).name[:40])
 
 
 class JobControl:
@@ -218,7 +235,6 @@ class JobControl:
     def submit(self, req: SubmitRequest, ctl: ControlRequest, user: str, uid: int | None = None) -> tuple[dict, int]:
         """One job or a whole array in one journal transaction, run as `uid` (None: meshd's user); returns
         (the answer, HTTP status)."""
-        from meshsched.daemon.node import _printable, _script, _spec
         from meshsched.daemon.journal import JobRecord
 
         d = self.daemon
@@ -226,7 +242,7 @@ class JobControl:
         deps = self.resolve(ctl.dependency)
         seq, head = d.new_job_id()
         array_id = head if ctl.tasks else ""
-        name = req.name or _printable(Path(_script(req.command)).name[:40])
+        name = req.name or default_name(req.command)
         now = time.time()
         recs = []
         for task in ctl.tasks or (None,):
@@ -246,7 +262,7 @@ class JobControl:
                 array_id=array_id, array_task=task, array_limit=ctl.array_limit, dependency=deps,
                 time_limit=ctl.time_limit, held=ctl.hold, uid=uid, begin_time=ctl.begin, **files, **resources(req),
             )
-            recs.append((rec, _spec(rec)))  # validates
+            recs.append((rec, job_spec(rec)))  # validates
         with d.journal.batch():  # durable first: a failed write (full disk) leaves no phantom job
             for rec, _ in recs:
                 d.journal.put(rec)
@@ -257,7 +273,7 @@ class JobControl:
             for rec, spec in recs:
                 d.submitted(rec, ev.JobSubmitted(d._sid("submit"), spec, held=ctl.hold))
         if not ctl.tasks:
-            return d.job_view(recs[0][0]), 201
+            return d.listings.job_view(recs[0][0]), 201
         return {"array_id": array_id, "job_ids": [r.job_id for r, _ in recs], "tasks": len(recs),
                 "array_limit": ctl.array_limit}, 201
 
@@ -364,9 +380,7 @@ class JobControl:
     def recovered(self, rec) -> tuple[JobSpec, bool]:
         """The spec a journaled queued job is restored with (dependencies on jobs that ended before the restart
         resolved, see `resolve`) and whether it is held."""
-        from meshsched.daemon.node import _spec
-
-        spec = _spec(rec)
+        spec = job_spec(rec)
         if spec.dependencies:
             jobs = self.daemon.engine.state.jobs
             keep = []

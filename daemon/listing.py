@@ -1,5 +1,6 @@
-"""meshd's job listings: the squeue table `mesh ls` prints (rendered here, passed through by the CLI) and the job
-views `mesh ls --json` prints (encoded here), cached per job between changes.
+"""meshd's views and listings: a job's view (`mesh show`, `mesh ls --json`), this node's and the mesh's nodes
+(`mesh nodes`), the squeue table `mesh ls` prints (rendered here, passed through by the CLI) and the job views
+`mesh ls --json` prints (encoded here), cached per job between changes.
 
 A job's row or encoded view depends, besides the clock, on its record and on the engine's pending reason for it.
 Every record change ends in `Journal.put`, which stamps the job with the journal's write count, and every engine
@@ -14,12 +15,15 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import fields
 
-from meshsched.cli.jobs import JOBS_HEADER, jobs_row
-from meshsched.cli.output import columns
+from meshsched.daemon.jobcontrol import HOLDING
+from meshsched.daemon.journal import JobRecord
+from meshsched.jobtable import JOBS_HEADER, columns, jobs_row
 
 PRIVATE = ("command", "cwd", "job_dir", "output", "error", "rank_reports")  # not listed to other users
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps(..., separators) makes one a call
+_VIEW_FIELDS = tuple(f.name for f in fields(JobRecord) if f.name != "env")  # the API's job view
 
 
 class Listings:
@@ -76,7 +80,7 @@ class Listings:
         without their PRIVATE fields (the queue is public, what others run and where is not)."""
 
         def make(rec, now: float, slot: str) -> bytes:
-            view = self.daemon.job_view(rec, now)
+            view = self.job_view(rec, now)
             if slot == "public":
                 view = {k: v for k, v in view.items() if k not in PRIVATE}
             return _encode(view).encode()
@@ -93,7 +97,89 @@ class Listings:
         out = {"job_id": rec.job_id, "name": rec.name, "user": rec.user, "state": rec.state, "gpus": rec.gpus,
                "node": rec.node, "reason": d.engine.pending_reason(rec.job_id) if queued else rec.reason,
                "elapsed": 0.0 if start is None else max(0.0, (rec.end_time or now) - start),
-               "partners": d.partners(job) if holds else [], "exec": rec.exec if holds else None}
+               "partners": self.partners(job) if holds else [], "exec": rec.exec if holds else None}
         if rec.cancelling and holds:  # as job_view says it
             out["state"], out["reason"] = "COMPLETING", "cancelled; waiting for its processes to exit"
         return out
+
+    def job_view(self, rec: JobRecord, now: float | None = None) -> dict:
+        """A job as the API shows it (`mesh show`, `mesh ls --json`): its record but the env, with the engine's
+        live figures."""
+        d = self.daemon
+        now = time.time() if now is None else now
+        out = {k: getattr(rec, k) for k in _VIEW_FIELDS}
+        job = d.engine.state.jobs.get(rec.job_id)
+        if job is not None and not job.state.is_terminal:
+            out["done_iterations"] = round(job.iterations_at(now), 3)
+            out["step_time"] = job.step_time
+            if job.state.is_queued:
+                out["reason"] = d.engine.pending_reason(rec.job_id)
+        start = rec.start_time
+        out["elapsed"] = 0.0 if start is None else max(0.0, (rec.end_time or now) - start)
+        if rec.cancelling and rec.state in HOLDING:  # Slurm's word for "ending, processes still there"
+            out["state"], out["reason"] = "COMPLETING", "cancelled; waiting for its processes to exit"
+        out["gpu_names"] = [d.engine.state.gpus[g].local_index for g in rec.assigned]
+        if job is not None and job.state.holds_gpus:  # its colocation set: jobs sharing any of its GPUs
+            out["partners"] = self.partners(job)
+            if job.exec_pending is not None:
+                out["exec_pending"] = job.exec_pending.to_dict()
+        else:
+            out["partners"] = []
+        ranks = d.throughput.get(rec.job_id)
+        if ranks and job is not None and not job.state.is_terminal:  # reported by meshsched.job, per rank
+            out["samples_per_second"] = round(sum(r["samples_per_second"] for r in ranks.values()), 3)
+            out["rank_reports"] = {str(k): v for k, v in sorted(ranks.items())}
+        return out
+
+    def partners(self, job) -> list[str]:
+        """The jobs sharing any of `job`'s GPUs (its colocation set)."""
+        gpus = self.daemon.engine.state.gpus
+        return sorted({o for g in job.gpus for o in gpus[g].jobs if o != job.job_id}, key=_id_key)
+
+    def node_view(self) -> dict:
+        d = self.daemon
+        inv = d.gpus.inventory()
+        readings = {r.index: r for r in d.gpus.readings()}
+        state = d.engine.state
+        node = state.nodes.get(d.config.node_name)  # None in a mesh until the log says it joined
+        jobs_on = {state.gpus[g].local_index: list(state.gpus[g].jobs) for g in (node.gpus if node else ())}
+        gpus = []
+        for info in inv:
+            rd = readings.get(info.index)
+            gpus.append({
+                "index": info.index, "name": info.name, "uuid": info.uuid, "memory_total_mb": info.memory_total_mb,
+                "memory_used_mb": rd.memory_used_mb if rd else 0, "utilization": rd.utilization if rd else -1,
+                "temperature": rd.temperature if rd else -1, "jobs": jobs_on.get(info.index, []),
+            })
+        out = {
+            "name": d.config.node_name, "backend": d.gpus.kind, "policy": d.engine.policy.name,
+            "gpus": gpus, "free_gpus": state.free_by_node.get(d.config.node_name, 0), "total_gpus": len(inv),
+            "cpus": d.host.cpus, "memory_gb": d.host.memory_gb,
+            "alive": node is not None and node.alive, "mps": d.mps.kind, "queue_length": d.engine.queue_length,
+            "running": sum(1 for r in d.records.values() if r.state in HOLDING),
+            "uptime": time.time() - d.started_at,
+        }
+        if d.mesh is not None:
+            out.update(leader=d.mesh.leader == d.config.node_name, mesh=d.mesh.view())
+        return out
+
+    def nodes_view(self) -> list[dict]:
+        """This node in full; in a mesh, every other node as the shared engine state knows it."""
+        d = self.daemon
+        here = self.node_view()
+        if d.mesh is None:
+            return [here]
+        state, out = d.engine.state, [here]
+        for name, node in sorted(state.nodes.items()):
+            if name != here["name"]:
+                out.append({"name": name, "backend": "mesh", "policy": here["policy"], "alive": node.alive,
+                            "gpus": [{"index": state.gpus[g].local_index, "name": node.gpu_type,
+                                      "jobs": list(state.gpus[g].jobs)} for g in node.gpus],
+                            "free_gpus": state.free_by_node.get(name, 0), "total_gpus": node.size,
+                            "cpus": node.cpus, "memory_gb": node.host_memory_gb,
+                            "queue_length": here["queue_length"], "leader": d.mesh.leader == name})
+        return out
+
+
+def _id_key(job_id: str) -> tuple:
+    return (0, int(job_id), "") if job_id.isdigit() else (1, 0, job_id)

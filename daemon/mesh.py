@@ -29,8 +29,10 @@ LOG = logging.getLogger("meshd.mesh")
 
 
 class MeshLink:
-    def __init__(self, daemon, coordinator: Coordinator, config: CoordinatorConfig, node_grace: float) -> None:
+    def __init__(self, daemon, replica, coordinator: Coordinator, config: CoordinatorConfig,
+                 node_grace: float) -> None:
         self.daemon = daemon
+        self.replica = replica  # the node's side of the log (daemon.mesh_node.MeshReplica): applies its entries
         self.coord = coordinator
         self.config = config
         self.node = daemon.config.node_name
@@ -102,7 +104,7 @@ class MeshLink:
         await self._retry(lambda: self.coord.register(Member(self.node, address, tuple(g.name for g in inv))))
         revision = await self._retry(self._catch_up)
         self.synced = True
-        self.daemon.mesh_synced()
+        self.replica.synced()
         self._spawn(self._flush())
         self._spawn(self._follow(revision))
         self._spawn(self._lead())
@@ -148,7 +150,7 @@ class MeshLink:
         if seq:
             self._last_seq[node] = seq
         self.position = index
-        self.daemon.apply_entry(entry, index, act=index > self.durable)
+        self.replica.apply_entry(entry, index, act=index > self.durable)
         self.durable = max(self.durable, index)
 
     # ---------------------------------------------------------------- proposals
@@ -187,7 +189,7 @@ class MeshLink:
             self.leaderships += 1
             self.first_decision, self.led_since = None, time.time()
             LOG.info("mesh: %s leads (term %d)", self.node, term)
-            self.daemon.leadership_changed()
+            self.replica.leadership_changed()
             sequencer = self._spawn(self._sequence(term))
             watcher = self._spawn(self._watch_members(term))
             try:
@@ -201,7 +203,7 @@ class MeshLink:
                 self._disarm()
                 self.term, self.leader = None, None
                 LOG.warning("mesh: %s no longer leads (term %d)", self.node, term)
-                self.daemon.leadership_changed()
+                self.replica.leadership_changed()
 
     async def _leader_name(self) -> str | None:
         try:

@@ -4,7 +4,9 @@ This server is its own leader (the embedded local coordinator): the engine and p
 classes the simulator drives. Every engine event runs in one journal transaction; the job records
 touched by the event or its actions are written in it. Resources are set up in order in `start()` and
 torn down in reverse by `close()` (an AsyncExitStack). Closing meshd never stops jobs: they live in their
-own sessions and the next meshd re-adopts them.
+own sessions and the next meshd re-adopts them. Under the etcd coordinator the engine follows the mesh's log
+instead: `daemon/mesh.py` carries it, `daemon/mesh_node.py` applies it here. What the API shows of jobs and
+nodes is `daemon/listing.py`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import AsyncExitStack
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from meshsched import events as ev
@@ -30,10 +32,12 @@ from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.dirs import highest_job_dir, private_dir
 from meshsched.daemon.gpus import GpuBackend, open_backend, profile_type
 from meshsched.daemon.hostres import HostResources, host_resources
-from meshsched.daemon.jobcontrol import JobControl, control_spec, refuse_never_runnable, resources
+from meshsched.daemon.jobcontrol import (HOLDING, TERMINAL, JobControl, default_name, job_spec,
+                                         refuse_never_runnable, resources)
 from meshsched.daemon.journal import Journal, JobRecord
 from meshsched.daemon.listing import Listings
 from meshsched.daemon.launcher import Launcher, Outcome, free_port, read_outcome
+from meshsched.daemon.mesh_node import MeshReplica, shared_port
 from meshsched.daemon.mps import MpsManager, open_mps
 from meshsched.daemon.notify import Notifier
 from meshsched.daemon.users import owner_of, share_dirs
@@ -45,13 +49,9 @@ from meshsched.perf.loader import installed_handle
 from meshsched.policies.registry import make_policy, needs_models
 from meshsched.exitcodes import PREEMPTED_EXIT_CODE
 from meshsched.protocol import DEFAULT_ITERATIONS, ReportContext, SubmitRequest, check_report
-from meshsched.state import ExecConfig, JobSpec, JobState, NodeSpec
+from meshsched.state import ExecConfig, JobState, NodeSpec
 
 LOG = logging.getLogger("meshd")
-HOLDING = {s.value for s in JobState if s.holds_gpus}
-REPORT_GAP = 5.0  # (mesh) seconds between a job's progress reports in the log (they reach every node)
-TERMINAL = {s.value for s in JobState if s.is_terminal}
-_VIEW_FIELDS = tuple(f.name for f in fields(JobRecord) if f.name != "env")  # the API's job view
 
 
 class Status(enum.Enum):
@@ -60,10 +60,6 @@ class Status(enum.Enum):
     RUNNING = "running"
     CLOSING = "closing"
     CLOSED = "closed"
-
-
-class SubmitError(ValueError):
-    """A submission the cluster can never run (answered 400)."""
 
 
 class NodeDaemon:
@@ -98,9 +94,8 @@ class NodeDaemon:
         check_handlers("meshd", self._handlers)
         self._id_floor = 1  # new job ids continue past every existing job directory
         self.mesh = None  # a MeshLink under the etcd coordinator: the engine follows the mesh's log
+        self.replica: MeshReplica | None = None  # (mesh) what this node does with that log
         self._runs: dict[str, int] = {}  # job -> the launch count its local ranks were started with
-        self._pending_outcomes: list[tuple[str, Outcome, bool]] = []  # (mesh) exits found at start
-        self._reported: dict[str, float] = {}  # (mesh) job -> when its last progress report was proposed
         self.control = JobControl(self)  # arrays, dependencies, time limits, hold/release/requeue, --wait
         self.listings = Listings(self)  # `mesh ls` and `mesh ls --json`, cached between state changes
 
@@ -143,9 +138,10 @@ class NodeDaemon:
                 from meshsched.daemon.coordinator import open_coordinator
                 from meshsched.daemon.mesh import MeshLink
 
-                self.mesh = MeshLink(self, open_coordinator(cfg.coordinator, cfg.node_name), cfg.coordinator,
-                                     cfg.node_grace)
-                self._recover_local_runs()
+                self.replica = MeshReplica(self)
+                self.mesh = MeshLink(self, self.replica, open_coordinator(cfg.coordinator, cfg.node_name),
+                                     cfg.coordinator, cfg.node_grace)
+                self.replica.recover_local_runs()
                 self.mesh.start()
                 self._stack.push_async_callback(self.mesh.close)
             else:
@@ -235,8 +231,8 @@ class NodeDaemon:
                 self._sync(job_id, now)
             if index is not None:
                 self.journal.set_applied(index)
-        if self.mesh is not None:
-            self._stop_released(touched)
+        if self.replica is not None:
+            self.replica.stop_released(touched)
 
     def _journal_memory(self) -> None:
         encode = getattr(self.engine.policy.preemption, "encode_memory", None)
@@ -369,7 +365,7 @@ class NodeDaemon:
         self._forget_run(rec.job_id)
         spec = LaunchSpec(
             job_id=rec.job_id, command=rec.command, cwd=rec.cwd, env=env, local_gpus=local,
-            master_port=_shared_port(rec.job_id, action.restart) if many else free_port(), restart=action.restart,
+            master_port=shared_port(rec.job_id, action.restart) if many else free_port(), restart=action.restart,
             socket=str(self.config.job_socket), first_rank=ranks[0], world_size=len(action.gpus),
             node_rank=nodes.index(self.config.node_name),
             master_addr=self.mesh.addresses.get(nodes[0], nodes[0]) if many else "127.0.0.1",
@@ -519,7 +515,8 @@ class NodeDaemon:
     def _forget_run(self, job_id: str) -> None:
         """Drop what belonged to the job's last run (directives, throughput, the preemption timer)."""
         self.sdk_jobs.discard(job_id)
-        self._reported.pop(job_id, None)
+        if self.replica is not None:
+            self.replica.forget_run(job_id)
         self.directives.pop(job_id, None)
         self.throughput.pop(job_id, None)
         timer = self._preempt_timers.pop(job_id, None)
@@ -602,6 +599,18 @@ class NodeDaemon:
         live = sum(1 for r in self.records.values() if r.state not in TERMINAL)
         LOG.info("recovered %d job record(s), %d not finished", len(self.records), live)
 
+    def _kill_leftovers(self, rec: JobRecord) -> None:
+        """Its supervisor died while meshd was down: SIGKILL what it left (ranks, their children)."""
+        left = self.launcher.kill_leftovers(rec.job_id, rec.supervisor_pid)
+        if left:
+            LOG.warning("job %s: killed %d process(es) its dead supervisor left", rec.job_id, len(left))
+
+    def _reap_orphan(self, rec: JobRecord) -> None:
+        """meshd crashed between spawning the job and journaling the launch: SIGKILL that supervisor."""
+        orphan = self.launcher.reap_orphan(Path(rec.job_dir), rec.job_id)
+        if orphan is not None:
+            LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
+
     # ---------------------------------------------------------------- requests (API and job socket)
 
     def submit(self, req: SubmitRequest, user: str) -> JobRecord:
@@ -610,11 +619,11 @@ class NodeDaemon:
         rec = JobRecord(
             job_id=job_id, seq=seq, gpus=req.gpus, model=req.model, batch_size=req.batch_size,
             iterations=req.iterations or DEFAULT_ITERATIONS, iterations_given=req.iterations is not None,
-            submit_time=time.time(), name=req.name or _printable(Path(_script(req.command)).name[:40]),
+            submit_time=time.time(), name=req.name or default_name(req.command),
             user=user, deadline=req.deadline, guaranteed=req.guaranteed, command=req.command, cwd=req.cwd,
             env=req.env, job_dir=str(self.config.jobs_dir / job_id), **resources(req),
         )
-        spec = _spec(rec)  # validates
+        spec = job_spec(rec)  # validates
         with self.journal.batch():  # durable first: a failed write (full disk) leaves no phantom job
             self.journal.put(rec)
             self.journal.transition(job_id, rec.submit_time, "PENDING", "submitted")
@@ -638,13 +647,8 @@ class NodeDaemon:
 
     def cancel(self, job_id: str) -> JobRecord:
         rec = self.records[job_id]
-        if self.mesh is not None:  # the node holding its ranks kills them when the cancel is in the log
-            if rec.state not in TERMINAL:
-                if not rec.cancel_proposed:  # journaled before the answer: a crash cannot lose it in the outbox
-                    rec.cancel_proposed = True
-                    with self.journal.batch():
-                        self.journal.put(rec)
-                self._input(ev.CancelRequested(self._sid("cancel"), job_id))
+        if self.replica is not None:
+            self.replica.cancel(rec)
             return rec
         if rec.state in HOLDING and self.launcher.running(job_id):
             if not rec.cancelling:  # CANCELLED (and its GPUs free) once every process of it is gone
@@ -670,11 +674,8 @@ class NodeDaemon:
                 "samples_per_second": (samples or 0.0) / window if window else 0.0, "at": time.time(),
             }
         if not rank:
-            if self.mesh is not None:  # every report is a log entry on every node: at most one per REPORT_GAP
-                now = time.time()
-                if now - self._reported.get(job_id, -REPORT_GAP) < REPORT_GAP:
-                    return
-                self._reported[job_id] = now
+            if self.replica is not None and not self.replica.report_due(job_id):  # each is an entry on every node
+                return
             self._input(ev.IterationReport(self._sid("report"), job_id, iterations, step_time), self._runs.get(job_id))
             ranks = self.throughput.get(job_id, {})
             if rank is not None and len(ranks) == self.records[job_id].gpus > 1:  # every rank has reported
@@ -701,7 +702,7 @@ class NodeDaemon:
             return None
         return self.launcher.sessions.get(sid)
 
-    # ---------------------------------------------------------------- the mesh (etcd coordinator)
+    # ---------------------------------------------------------------- where a job's ranks run (in a mesh)
 
     def _rank0_here(self, job_id: str, running: bool = True) -> bool:
         """One server: always. In a mesh: rank 0 of the job's current run is on this node (it checkpoints,
@@ -712,101 +713,6 @@ class NodeDaemon:
         here = job is not None and bool(job.gpus) and self.engine.state.gpus[job.gpus[0]].node == self.config.node_name
         return here and (not running or self.launcher.running(job_id))
 
-    def apply_entry(self, entry, index: int, act: bool) -> None:
-        """One entry of the mesh's log, in log order, on every node (`act`: carry out its actions here; False
-        while replaying what this node already did before a restart)."""
-        e, jobs = entry.event, self.engine.state.jobs
-        if isinstance(e, ev.NodeJoined) and e.node.address:
-            self.mesh.addresses[e.node.name] = e.node.address
-        if isinstance(e, ev.JobSubmitted):
-            if e.spec.job_id in jobs:
-                return self._skip(index)
-            if e.spec.job_id not in self.records and entry.record is not None:
-                known = {f.name for f in fields(JobRecord)}
-                data = {k: v for k, v in entry.record.items() if k in known}
-                data.update(job_dir=str(self.config.jobs_dir / e.spec.job_id))
-                self.records[e.spec.job_id] = JobRecord(**data)
-        elif entry.run is not None:  # an exit or report of a run that is over (the job was requeued since)
-            job = jobs.get(getattr(e, "job_id", ""))
-            if job is None or job.restarts != entry.run:
-                return self._skip(index)
-        job_id = getattr(e, "job_id", None) or getattr(getattr(e, "spec", None), "job_id", None)
-        if job_id is not None and job_id not in self.records:
-            return self._skip(index)  # a job this log never submitted (cannot happen short of a foreign writer)
-        self._handle(e, entry.time, act, index)  # nothing queues behind it: in a mesh every input is proposed
-
-    def _skip(self, index: int) -> None:
-        with self.journal.batch():
-            self.journal.set_applied(index)
-
-    def _stop_released(self, job_ids: list[str]) -> None:
-        """Ranks still running here of a job the engine no longer places here (a multi-node job whose rank 0
-        ended, a job requeued while this node was counted lost) are stopped."""
-        for job_id in dict.fromkeys(job_ids):
-            job = self.engine.state.jobs.get(job_id)
-            here = job is not None and job.state.holds_gpus and any(
-                self.engine.state.gpus[g].node == self.config.node_name for g in job.gpus)
-            if not here and self.launcher.running(job_id) and job_id not in self._restart_for:
-                LOG.info("job %s: the mesh no longer places it here; stopping its ranks", job_id)
-                self.launcher.stop(job_id, self.config.kill_grace)
-
-    def _kill_leftovers(self, rec: JobRecord) -> None:
-        """Its supervisor died while meshd was down: SIGKILL what it left (ranks, their children)."""
-        left = self.launcher.kill_leftovers(rec.job_id, rec.supervisor_pid)
-        if left:
-            LOG.warning("job %s: killed %d process(es) its dead supervisor left", rec.job_id, len(left))
-
-    def _reap_orphan(self, rec: JobRecord) -> None:
-        """meshd crashed between spawning the job and journaling the launch: SIGKILL that supervisor."""
-        orphan = self.launcher.reap_orphan(Path(rec.job_dir), rec.job_id)
-        if orphan is not None:
-            LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
-
-    def _recover_local_runs(self) -> None:
-        """(mesh) Before the log is replayed: every job record this node kept, and its supervisors re-adopted;
-        the exits that happened while meshd was down are proposed once the log is replayed."""
-        for rec in self.journal.load():
-            self.records[rec.job_id] = rec
-            if rec.supervisor_pid:
-                if self.launcher.adopt(rec.job_id, rec.supervisor_pid, rec.supervisor_start, Path(rec.job_dir)):
-                    self._runs[rec.job_id] = rec.restarts
-                    continue
-                self._kill_leftovers(rec)
-                self._pending_outcomes.append((rec.job_id, read_outcome(Path(rec.job_dir)), rec.pausing))
-            elif Path(rec.job_dir).exists():
-                self._reap_orphan(rec)
-
-    def mesh_synced(self) -> None:
-        """(mesh) The log is replayed: join (again), report what ended meanwhile, hand over unsent submits and
-        cancels."""
-        state = self.engine.state
-        node = state.nodes.get(self.config.node_name)
-        if node is None or not node.alive:
-            self._input(ev.NodeJoined(self._sid("join"), self.node_spec(self.config.mesh_address or
-                                                                        self.config.node_name)))
-        for job_id, outcome, pausing in self._pending_outcomes:
-            job = state.jobs.get(job_id)
-            if job is not None and job.state.holds_gpus and self._rank0_here(job_id, running=False):
-                if outcome.status in ("lost", "terminated") and not pausing:
-                    event = ev.JobFailed(self._sid("recover"), job_id, "meshd restarted and the job's processes were "
-                                         "gone", requeue=True)
-                else:
-                    event = self._outcome_event(job_id, outcome, pausing)
-                self._input(event, job.restarts)
-        self._pending_outcomes.clear()
-        for job_id, run in self._runs.items():  # adopted, but its start may have died in the outbox
-            job = state.jobs.get(job_id)
-            if job is not None and job.state is JobState.LOADING and job.restarts == run and self._rank0_here(job_id):
-                self._input(ev.JobStarted(self._sid("spawned"), job_id), run)
-        for rec in self.records.values():
-            if rec.job_id not in state.jobs and rec.state == "PENDING" and rec.job_id.startswith(
-                    f"{self.config.node_name}."):
-                self.submitted(rec, ev.JobSubmitted(self._sid("submit"), _spec(rec), held=rec.held))  # never logged
-            job = state.jobs.get(rec.job_id)
-            if rec.cancel_proposed and job is not None and not job.state.is_terminal:  # it may have died in the outbox
-                self._input(ev.CancelRequested(self._sid("cancel"), rec.job_id))
-        self._stop_released([j for j in self._runs if self.launcher.running(j)])
-
     def rank_home(self, rec: JobRecord, rank: int) -> tuple[str, int]:
         """The node that ran the job's global `rank` last and its local rank there (the log's name)."""
         gpus = self.engine.state.gpus
@@ -814,91 +720,6 @@ class NodeDaemon:
             return self.config.node_name, rank
         node = gpus[rec.assigned[rank]].node
         return node, sum(1 for g in rec.assigned[:rank] if gpus[g].node == node)
-
-    def leadership_changed(self) -> None:
-        self._notifier.send(f"STATUS=mesh leader: {self.mesh.leader or 'none'}")
-
-    # ---------------------------------------------------------------- views
-
-    def job_view(self, rec: JobRecord, now: float | None = None) -> dict:
-        now = time.time() if now is None else now
-        out = {k: getattr(rec, k) for k in _VIEW_FIELDS}
-        job = self.engine.state.jobs.get(rec.job_id)
-        if job is not None and not job.state.is_terminal:
-            out["done_iterations"] = round(job.iterations_at(now), 3)
-            out["step_time"] = job.step_time
-            if job.state.is_queued:
-                out["reason"] = self.engine.pending_reason(rec.job_id)
-        start = rec.start_time
-        out["elapsed"] = 0.0 if start is None else max(0.0, (rec.end_time or now) - start)
-        if rec.cancelling and rec.state in HOLDING:  # Slurm's word for "ending, processes still there"
-            out["state"], out["reason"] = "COMPLETING", "cancelled; waiting for its processes to exit"
-        out["gpu_names"] = [self.engine.state.gpus[g].local_index for g in rec.assigned]
-        if job is not None and job.state.holds_gpus:  # its colocation set: jobs sharing any of its GPUs
-            out["partners"] = self.partners(job)
-            if job.exec_pending is not None:
-                out["exec_pending"] = job.exec_pending.to_dict()
-        else:
-            out["partners"] = []
-        ranks = self.throughput.get(rec.job_id)
-        if ranks and job is not None and not job.state.is_terminal:  # reported by meshsched.job, per rank
-            out["samples_per_second"] = round(sum(r["samples_per_second"] for r in ranks.values()), 3)
-            out["rank_reports"] = {str(k): v for k, v in sorted(ranks.items())}
-        return out
-
-    def partners(self, job) -> list[str]:
-        """The jobs sharing any of `job`'s GPUs (its colocation set)."""
-        gpus = self.engine.state.gpus
-        return sorted({o for g in job.gpus for o in gpus[g].jobs if o != job.job_id}, key=_id_key)
-
-    def node_view(self) -> dict:
-        inv = self.gpus.inventory()
-        readings = {r.index: r for r in self.gpus.readings()}
-        state = self.engine.state
-        node = state.nodes.get(self.config.node_name)  # None in a mesh until the log says it joined
-        jobs_on = {state.gpus[g].local_index: list(state.gpus[g].jobs) for g in (node.gpus if node else ())}
-        gpus = []
-        for info in inv:
-            rd = readings.get(info.index)
-            gpus.append({
-                "index": info.index, "name": info.name, "uuid": info.uuid, "memory_total_mb": info.memory_total_mb,
-                "memory_used_mb": rd.memory_used_mb if rd else 0, "utilization": rd.utilization if rd else -1,
-                "temperature": rd.temperature if rd else -1, "jobs": jobs_on.get(info.index, []),
-            })
-        out = {
-            "name": self.config.node_name, "backend": self.gpus.kind, "policy": self.engine.policy.name,
-            "gpus": gpus, "free_gpus": state.free_by_node.get(self.config.node_name, 0), "total_gpus": len(inv),
-            "cpus": self.host.cpus, "memory_gb": self.host.memory_gb,
-            "alive": node is not None and node.alive, "mps": self.mps.kind, "queue_length": self.engine.queue_length,
-            "running": sum(1 for r in self.records.values() if r.state in HOLDING),
-            "uptime": time.time() - self.started_at,
-        }
-        if self.mesh is not None:
-            out.update(leader=self.mesh.leader == self.config.node_name, mesh=self.mesh.view())
-        return out
-
-    def nodes_view(self) -> list[dict]:
-        """This node in full; in a mesh, every other node as the shared engine state knows it."""
-        here = self.node_view()
-        if self.mesh is None:
-            return [here]
-        state, out = self.engine.state, [here]
-        for name, node in sorted(state.nodes.items()):
-            if name != here["name"]:
-                out.append({"name": name, "backend": "mesh", "policy": here["policy"], "alive": node.alive,
-                            "gpus": [{"index": state.gpus[g].local_index, "name": node.gpu_type,
-                                      "jobs": list(state.gpus[g].jobs)} for g in node.gpus],
-                            "free_gpus": state.free_by_node.get(name, 0), "total_gpus": node.size,
-                            "cpus": node.cpus, "memory_gb": node.host_memory_gb,
-                            "queue_length": here["queue_length"], "leader": self.mesh.leader == name})
-        return out
-
-
-def _shared_port(job_id: str, run: int) -> int:
-    """MASTER_PORT of a job across nodes: every node computes the same one from the job and its run."""
-    import zlib
-
-    return 20000 + zlib.crc32(f"{job_id}:{run}".encode()) % 20000
 
 
 def _one_thread() -> None:
@@ -932,26 +753,3 @@ def _lock(path: Path):
     os.write(fd, f"{os.getpid()}\n".encode())
     return lambda: os.close(fd)
 
-
-def _id_key(job_id: str) -> tuple:
-    return (0, int(job_id), "") if job_id.isdigit() else (1, 0, job_id)
-
-
-def _printable(text: str) -> str:
-    """`text` with control characters (newlines, escapes) replaced by '?': it becomes a column of `mesh ls`."""
-    return "".join(c if c.isprintable() else "?" for c in text)
-
-
-def _script(command: list[str]) -> str:
-    """The script a command runs: the first argument after the interpreter that is not an option."""
-    if len(command) > 1 and Path(command[0]).name.startswith("python"):
-        return next((a for a in command[1:] if not a.startswith("-")), command[0])
-    return command[0]
-
-
-def _spec(rec: JobRecord) -> JobSpec:
-    return JobSpec(
-        job_id=rec.job_id, gpus=rec.gpus, model=rec.model, batch_size=rec.batch_size, iterations=rec.iterations,
-        submit_time=rec.submit_time, name=rec.name, user=rec.user, deadline=rec.deadline, guaranteed=rec.guaranteed,
-        plan=rec.plan, cpus=rec.cpus, memory_gb=rec.memory_gb, tenant=rec.tenant, **control_spec(rec),
-    )

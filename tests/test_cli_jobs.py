@@ -17,12 +17,12 @@ import pytest
 from typer.testing import CliRunner
 
 from meshsched.cli.client import Client, default_socket
-from meshsched.cli.jobs import JOBS_HEADER, NOTHING_TO_CANCEL, fmt_time, jobs_row, parse_deadline, top_rows
-from meshsched.cli.output import columns
+from meshsched.cli.jobs import NOTHING_TO_CANCEL, parse_deadline, top_rows
 from meshsched.cli.main import app, main
 from meshsched.daemon.config import default_runtime_dir
 from meshsched.daemon.node import NodeDaemon
 from meshsched.daemon.hostres import machine_cpus, machine_memory_gb
+from meshsched.jobtable import JOBS_HEADER, columns, fmt_time, jobs_row
 from tests.test_daemon_helpers import kill_sessions, make_config, poll, remove, short_dir
 
 # A script that declares its length through meshsched.job, then idles until told to stop.

@@ -51,7 +51,7 @@ async def test_jobs_run_in_policy_order_with_torchrun_env(daemon):
     )
     long, mid, short = (submit(daemon, py(env_dump), gpus=2, iters=n) for n in (300, 200, 100))
     assert state(daemon, long.job_id) == "PENDING"
-    jobs = {i: daemon.job_view(r) for i, r in daemon.records.items()}
+    jobs = {i: daemon.listings.job_view(r) for i, r in daemon.records.items()}
     assert jobs[short.job_id]["reason"] == "Resources"
     assert jobs[long.job_id]["reason"] == "Priority"
     ids = [blocker.job_id, long.job_id, mid.job_id, short.job_id]
@@ -89,7 +89,7 @@ async def test_cancel_running_and_pending(daemon):
     daemon.cancel(run.job_id)
     assert state(daemon, queued.job_id) == "CANCELLED"
     # its GPUs stay taken until its processes are gone: COMPLETING, then CANCELLED
-    assert daemon.job_view(daemon.records[run.job_id])["state"] == "COMPLETING"
+    assert daemon.listings.job_view(daemon.records[run.job_id])["state"] == "COMPLETING"
     await wait_for(lambda: state(daemon, run.job_id) == "CANCELLED", what="cancelled once its processes are gone")
     assert daemon.records[run.job_id].supervisor_pid == 0
     with pytest.raises(ProcessLookupError):

@@ -102,7 +102,7 @@ async def test_cancel_holds_the_gpus_until_every_process_is_gone(daemon, tmp_pat
     pids = [int(x) for x in marker.read_text().split()]
     nxt = submit(daemon, py("pass"), gpus=4)
     daemon.cancel(rec.job_id)
-    assert daemon.job_view(daemon.records[rec.job_id])["state"] == "COMPLETING"
+    assert daemon.listings.job_view(daemon.records[rec.job_id])["state"] == "COMPLETING"
     assert daemon.engine.state.free_gpus == 2 and daemon.records[nxt.job_id].state == "PENDING"
     seen: list[bool] = []
 

@@ -66,8 +66,8 @@ async def test_cooperative_preemption_checkpoints_at_a_step_and_resumes(dirs, tm
     script.write_text(JOB)
     try:
         long = submit(d, [sys.executable, str(script)], 1, 1000)
-        await wait_for(lambda: d.job_view(long).get("samples_per_second", 0) > 0, what="throughput reported")
-        assert long.job_id in d.sdk_jobs and d.job_view(long)["rank_reports"]["0"]["step_time"] > 0
+        await wait_for(lambda: d.listings.job_view(long).get("samples_per_second", 0) > 0, what="throughput reported")
+        assert long.job_id in d.sdk_jobs and d.listings.job_view(long)["rank_reports"]["0"]["step_time"] > 0
         short = submit(d, py("pass"), 1, 1)
         assert long.state == "PAUSING"
         await wait_for(lambda: short.state == "COMPLETED", what="short job done")

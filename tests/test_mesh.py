@@ -20,7 +20,7 @@ from meshsched import events as ev
 from meshsched.daemon.config import ConfigError, load_config
 from meshsched.daemon.eventlog import LOGGED, Entry, LogError
 from meshsched.daemon.etcd_local import ETCD, NO_ETCD
-from meshsched.daemon.mesh_local import LocalMesh
+from meshsched.cli.mesh_local import LocalMesh
 from meshsched.state import Dependency, DependencyKind, ExecConfig, JobSpec, NodeSpec
 from test_daemon_helpers import poll, remove, short_dir
 
@@ -277,12 +277,14 @@ def test_progress_reports_reach_the_log_at_most_once_per_gap(tmp_path):
     from types import SimpleNamespace
 
     from meshsched.daemon.journal import JobRecord
-    from meshsched.daemon.node import REPORT_GAP, NodeDaemon
+    from meshsched.daemon.mesh_node import REPORT_GAP, MeshReplica
+    from meshsched.daemon.node import NodeDaemon
     from test_daemon_helpers import make_config
 
     proposed = []
     d = NodeDaemon(make_config(tmp_path / "s", tmp_path / "r"))
     d.mesh = SimpleNamespace(propose=lambda event, run=None, record=None: proposed.append(event))
+    d.replica = MeshReplica(d)
     d.records["n1.1"] = JobRecord(job_id="n1.1", seq=1, gpus=1, model="m", batch_size=8, iterations=100,
                                   submit_time=0.0, name="x", user="u", deadline=None, guaranteed=False, command=["x"],
                                   cwd="/", env={}, job_dir=str(tmp_path / "j"))

@@ -1,5 +1,6 @@
 """A mesh on one machine: an etcd and N meshd processes on fake GPUs, each with its own state and runtime
-dirs and a `[coordinator]` config naming the etcd (for tests and `benchmarks/failover.py`)."""
+dirs and a `[coordinator]` config naming the etcd (for tests and `benchmarks/failover.py`). It talks to them as
+`mesh` does, through the CLI's client: meshd itself never imports the CLI."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from meshsched.cli.client import Client, DaemonUnavailable
 from meshsched.daemon.etcd_local import EtcdServer, start_etcd
 
 
@@ -66,14 +68,10 @@ class LocalMesh:
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         log.close()
 
-    def client(self, node: MeshNode):
-        from meshsched.cli.client import Client
-
+    def client(self, node: MeshNode) -> Client:
         return Client(node.socket)
 
     def wait_up(self, node: MeshNode, timeout: float = 30.0) -> None:
-        from meshsched.cli.client import DaemonUnavailable
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
