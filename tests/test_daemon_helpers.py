@@ -82,6 +82,20 @@ def kill_sessions(pids) -> None:
                 pass
 
 
+def release_cgroups(daemon) -> None:
+    """Remove the job cgroups (daemon/confine.py) of jobs a test killed behind meshd's back, and their parent."""
+    conf = daemon.launcher.confiner if daemon.launcher is not None else None
+    if conf is None or conf.parent is None:
+        return
+    deadline = time.monotonic() + 5.0
+    while not conf.remove() and time.monotonic() < deadline:  # SIGKILLed processes take a moment to go
+        time.sleep(0.02)
+    try:
+        conf.parent.rmdir()
+    except OSError:
+        pass
+
+
 def remove(*dirs: Path) -> None:
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
