@@ -304,11 +304,9 @@ def show(job_id: str, as_json: bool = False) -> None:
 
 def confinement(job: dict) -> dict[str, str]:
     """`mesh show`'s lines for the CPUs and memory limit of the job's (last) run on its node."""
-    from meshsched.daemon.confine import format_cpus
-
     limit = job.get("memory_limit_gb")
     by = job.get("memory_enforced_by") or "not enforced on its node"
-    return {"cpu ids": format_cpus(job.get("cpu_ids") or ()),
+    return {"cpu ids": job.get("cpu_list", ""),
             "memory limit": f"{limit:g} GiB ({by})" if limit is not None else ""}
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from meshsched import events as ev
 from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
 from meshsched.daemon.config import DaemonConfig
-from meshsched.daemon.confine import job_limits, open_confiner, thread_env, usable_cpus
+from meshsched.daemon.confine import format_cpus, job_limits, open_confiner, thread_env, usable_cpus
 from meshsched.daemon.dirs import highest_job_dir, private_dir
 from meshsched.daemon.gpus import GpuBackend, open_backend
 from meshsched.daemon.hostres import HostResources, host_resources
@@ -842,6 +842,7 @@ class NodeDaemon:
         if rec.cancelling and rec.state in HOLDING:  # Slurm's word for "ending, processes still there"
             out["state"], out["reason"] = "COMPLETING", "cancelled; waiting for its processes to exit"
         out["gpu_names"] = [self.engine.state.gpus[g].local_index for g in rec.assigned]
+        out["cpu_list"] = format_cpus(rec.cpu_ids)  # cpu_ids as Cpus_allowed_list writes them: 0-3,8
         if job is not None and job.state.holds_gpus:  # its colocation set: jobs sharing any of its GPUs
             out["partners"] = self.partners(job)
             if job.exec_pending is not None:

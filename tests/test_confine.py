@@ -184,3 +184,15 @@ async def test_without_memory_confinement_jobs_run_and_it_is_said(dirs):
         await d.close()
         kill_sessions(left)
         release_cgroups(d)
+
+
+def test_mesh_nodes_says_when_memory_limits_are_not_enforced(monkeypatch, capsys):
+    from meshsched.cli import jobs
+
+    node = {"name": "n1", "alive": True, "total_gpus": 1, "free_gpus": 1, "gpus": [{"name": "v100"}], "cpus": 2,
+            "memory_gb": 4.0, "backend": "fake", "policy": "sjf", "queue_length": 0}
+    said = dict(node, confinement={"cpus": "affinity", "memory": "not enforced", "why": "confine = cpus"})
+    monkeypatch.setattr(jobs, "api_call", lambda method, path: [said, dict(node, name="n2")])
+    jobs.nodes()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "n1: memory limits not enforced (confine = cpus)" and len(lines) == 4
