@@ -196,3 +196,21 @@ def test_mesh_nodes_says_when_memory_limits_are_not_enforced(monkeypatch, capsys
     jobs.nodes()
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "n1: memory limits not enforced (confine = cpus)" and len(lines) == 4
+
+
+@pytest.mark.parametrize("kind", ["cgroup v2", "cgroup v1"])
+def test_job_cgroups_get_their_limit_and_go(tmp_path, kind):
+    """The files a job cgroup is set up with (a plain directory stands in for the cgroup filesystem here; the
+    real v1 hierarchy of this machine is exercised by the OOM test above)."""
+    root = tmp_path / "jobs"
+    root.mkdir()
+    if kind == "cgroup v2":
+        (root / "cgroup.subtree_control").write_text("memory\n")
+    conf = open_confiner("auto", (0, 1), False, cgroup_root=root)
+    assert (conf.memory_by, conf.parent) == (kind, root)
+    path = Path(conf.make_cgroup("7", 2, conf.limits(1, 0.5, [])))
+    assert path == root / "mesh-job-7-2"
+    limit = path / ("memory.max" if kind == "cgroup v2" else "memory.limit_in_bytes")
+    assert limit.read_text() == str(2**29)
+    limit.unlink()
+    assert conf.remove("7") and not path.exists()
