@@ -152,6 +152,15 @@ class Launcher:
                 limits = replace(limits, memory_by="")
         spec = replace(spec, env=env, log_max_bytes=self._log_max_bytes or spec.log_max_bytes, cpus=list(limits.cpus),
                        memory_limit_gb=limits.memory_gb if limits.memory_by else None)
+        try:
+            pid, start = self._start(job_dir, spec, owner, limits, cgroup)
+        except OSError:
+            self.confiner.remove(spec.job_id)  # the run's cgroup, made for nothing
+            raise
+        return pid, start, limits
+
+    def _start(self, job_dir: Path, spec: LaunchSpec, owner: Owner | None, limits: Limits,
+               cgroup: str | None) -> tuple[int, str]:
         job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(job_dir, 0o700)
         if owner is not None:
@@ -180,7 +189,7 @@ class Launcher:
         start = proc_start_time(pid) or ""
         _write_private(job_dir / "supervisor.pid", f"{pid} {start}\n")  # finds an orphan after a crash
         self.watch(spec.job_id, pid, job_dir)
-        return pid, start, limits
+        return pid, start
 
     def reap_orphan(self, job_dir: Path, job_id: str = "") -> int | None:
         """SIGKILL what runs of a job although the journal says it is queued (meshd crashed between spawning
