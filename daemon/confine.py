@@ -208,6 +208,16 @@ class Confiner:
         return not left
 
 
+    def close(self) -> None:
+        """(meshd stops) Remove the parent of its job cgroups when no job's is left in it (running jobs keep
+        theirs, and the next meshd finds them there)."""
+        if self.parent is not None and self.parent.name.startswith(JOBS_CGROUP):
+            try:
+                self.parent.rmdir()
+            except OSError:
+                pass
+
+
 def _write_if_present(path: Path, text: str) -> None:
     if path.exists():
         path.write_text(text)

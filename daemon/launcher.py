@@ -308,6 +308,7 @@ class Launcher:
 
     def close(self) -> None:
         """Stop watching (the jobs keep running; the next meshd re-adopts them)."""
+        self.confiner.close()
         for job_id, (_, fd, _) in list(self._watched.items()):
             self._loop.remove_reader(fd)
             os.close(fd)

@@ -10,6 +10,15 @@ import pytest
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # beside the repository (as in CI)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _job_cgroups_swept():
+    """Job cgroups (daemon/confine.py) of jobs that tests killed behind meshd's back are removed at the end."""
+    yield
+    from tests.test_daemon_helpers import sweep_job_cgroups
+
+    sweep_job_cgroups()
+
+
 @pytest.fixture(scope="session")
 def raw_data() -> Path:
     """The folder whose throughputs/ holds Gavel's and Pollux's raw measurements.
