@@ -261,7 +261,7 @@ def _cgroup_parent(root: Path | None, name: str, fs: Path, proc_cgroup: Path) ->
         if path is None:
             return "", None, "meshd's cgroup v2 path is unknown"
         try:
-            return "cgroup v2", _v2_parent(fs, fs / path.lstrip("/"), name), ""
+            return "cgroup v2", _v2_parent(fs / path.lstrip("/"), name), ""
         except OSError as exc:
             return "", None, f"no writable cgroup v2 subtree ({exc.strerror or exc})"
     for line in own:  # a hybrid or v1 hierarchy: the memory controller's own mount
@@ -276,16 +276,17 @@ def _cgroup_parent(root: Path | None, name: str, fs: Path, proc_cgroup: Path) ->
     return "", None, "no cgroup v2 hierarchy with a memory controller and no cgroup v1 memory hierarchy"
 
 
-def _v2_parent(fs: Path, own: Path, name: str) -> Path:
+def _v2_parent(own: Path, name: str) -> Path:
     """`own`/`name` with the memory controller on for its children. cgroup v2 hands controllers down only
     from a cgroup without processes of its own (the root aside): in a delegated subtree (systemd Delegate=yes)
-    meshd first moves itself into a leaf, `own`/meshd. Raises OSError when that is not possible."""
+    or a container's cgroup namespace meshd first moves itself into a leaf, `own`/meshd. Raises OSError when
+    that is not possible (other processes share meshd's cgroup)."""
     parent = own / name
     parent.mkdir(exist_ok=True)
     try:
         _enable_memory(own)
     except OSError as exc:
-        if exc.errno != errno.EBUSY or own == fs:
+        if exc.errno != errno.EBUSY:  # busy: processes in `own` (a namespace's root counts, the real one not)
             raise
         leaf = own / "meshd"
         leaf.mkdir(exist_ok=True)
