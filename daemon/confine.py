@@ -32,7 +32,6 @@ PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 JOBS_CGROUP = "mesh-jobs-"  # meshd's job cgroups live under mesh-jobs-<tag of its state dir>
 GIB = 2**30
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-MODES = ("auto", "cpus", "no")
 
 
 @dataclass(frozen=True, slots=True)

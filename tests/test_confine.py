@@ -214,3 +214,12 @@ def test_job_cgroups_get_their_limit_and_go(tmp_path, kind):
     assert limit.read_text() == str(2**29)
     limit.unlink()
     assert conf.remove("7") and not path.exists()
+
+
+def test_confine_config():
+    from meshsched.daemon.config import ConfigError, load_config
+
+    assert load_config(None, env={}).confine == "auto"
+    assert load_config(None, env={"MESHD_CONFINE": "cpus"}, overrides={"confine": None}).confine == "cpus"
+    with pytest.raises(ConfigError, match="confine must be auto, cpus or no"):
+        load_config(None, env={"MESHD_CONFINE": "bogus"})
