@@ -241,6 +241,7 @@ def show(job_id: str, as_json: bool = False) -> None:
              "cpus": job.get("cpus"), "memory (GB)": job.get("memory_gb"),
              "tenant": job.get("tenant") if job.get("tenant", "default") != "default" else ""}
     lines += [f"{key:>22}: {value}" for key, value in asked.items() if value]
+    lines += [f"{key:>22}: {value}" for key, value in confinement(job).items() if value]
     lines.append(f"{'command':>22}: {' '.join(job['command'])}")
     control = {"array": job.get("array_id") and f"{job['array_id']} task {job.get('array_task')}",
                "dependency": ",".join(f"{k}:{j}" for k, j in job.get("dependency") or ()),
@@ -251,6 +252,14 @@ def show(job_id: str, as_json: bool = False) -> None:
     for at, state, reason in job.get("history", []):
         lines.append(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}  {state:<10} {reason}")
     _out(lines)
+
+
+def confinement(job: dict) -> dict[str, str]:
+    """`mesh show`'s lines for the CPUs and memory limit of the job's (last) run on its node."""
+    limit = job.get("memory_limit_gb")
+    by = job.get("memory_enforced_by") or "not enforced on its node"
+    return {"cpu ids": job.get("cpu_list", ""),
+            "memory limit": f"{limit:g} GiB ({by})" if limit is not None else ""}
 
 
 def logs(job_id: str, follow: bool = False, rank: int = 0) -> None:
@@ -381,7 +390,9 @@ def nodes(as_json: bool = False) -> None:
          f"{n['memory_gb']:g}" if "memory_gb" in n else "-", n["backend"], n["policy"], str(n["queue_length"]))
         for n in data
     ]  # fmt: skip
-    _out(columns(rows))
+    notes = [f"{n['name']}: memory limits not enforced ({n['confinement'].get('why', 'no mechanism')})"
+             for n in data if n.get("confinement", {}).get("memory") == "not enforced"]
+    _out(columns(rows) + notes)
 
 
 def gpu_share(job: dict, gpus: dict[int, dict]) -> str:

@@ -30,6 +30,9 @@ Defaults (documented in docs/daemon.md):
   reserved_cpus / reserved_memory_gb
                  0 / 0: taken off those totals for the system; what is left is what jobs may ask for
                  (`mesh nodes` shows it; a submit asking more than any node has is refused). daemon/hostres.py
+  confine        auto: each job pinned to its CPUs and, where a systemd scope or a writable cgroup (v2, else v1
+                 memory) allows, limited to its memory; cpus: CPUs only; no: neither. daemon/confine.py
+  cgroup_root    unset: job cgroups go under meshd's own cgroup (mesh-jobs-<tag>/); a cgroup directory to use instead
   submit_users   "" (only meshd's user); "ann,bob,@gpu" or "*": those users, members of group gpu (every
                  local user) may submit, each job running as its submitter (meshd as root; daemon/users.py)
 """
@@ -95,6 +98,8 @@ class DaemonConfig:
     node_memory_gb: float = 0.0  # the node's memory total in GB (0: /proc/meminfo's MemTotal)
     reserved_cpus: int = 0  # kept for the system: jobs get the total less this
     reserved_memory_gb: float = 0.0
+    confine: str = "auto"  # pin jobs to their CPUs and limit their memory where possible | cpus | no
+    cgroup_root: Path | None = None  # where job cgroups are made (default: under meshd's own cgroup)
     submit_users: str = ""  # other local users who may submit ("a,b" or "*": every one); meshd must be root
 
     @property
@@ -162,6 +167,8 @@ class DaemonConfig:
             raise ConfigError("self_preempt_limit must be >= 0")
         if self.systemd_scope not in ("auto", "yes", "no"):
             raise ConfigError(f"systemd_scope must be auto, yes or no, got {self.systemd_scope!r}")
+        if self.confine not in ("auto", "cpus", "no"):
+            raise ConfigError(f"confine must be auto, cpus or no, got {self.confine!r}")
         if self.submit_users and os.geteuid() != 0:
             raise ConfigError("submit_users needs meshd to run as root (it starts each job as its submitter)")
         if self.http_tcp and not self.token:

@@ -94,6 +94,10 @@ class JobRecord:
     cpus: int | None = None  # CPU cores in all (None: the node's share per GPU)
     memory_gb: float | None = None  # host memory in all, GB
     tenant: str = "default"
+    # what its current (else last) run on this node is confined to (daemon/confine.py)
+    cpu_ids: list[int] = field(default_factory=list)  # CPUs its ranks run on ([]: not pinned)
+    memory_limit_gb: float | None = None  # its memory allocation here, GiB
+    memory_enforced_by: str = ""  # systemd | cgroup v2 | cgroup v1; "": the limit is not enforced
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

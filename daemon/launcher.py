@@ -14,6 +14,9 @@ With many users (daemon/users.py) a job's directory belongs to its submitter (07
 told `--as-user`: it works as that user and starts the ranks as them. meshd's own files in that directory
 are written by a fresh name and a rename and opened without following links, so a link the user plants
 there never redirects a write of root's.
+A job's CPUs and memory limit (daemon/confine.py) go on its scope (systemd-run -p AllowedCPUs= -p MemoryMax=)
+or into a cgroup made for the run, which the supervisor joins (`--cgroup`); the cgroup is removed once every
+process of the job is gone.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from meshsched.daemon.confine import Confiner, Limits
 from meshsched.daemon.procs import cgroup_of, job_processes, kill_all
 from meshsched.daemon.supervisor import LaunchSpec
 from meshsched.daemon.users import Owner, user_env
@@ -104,9 +108,10 @@ class Launcher:
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[str, Outcome], None], systemd_run: str | None = None,
-        log_max_bytes: int | None = None,
+        log_max_bytes: int | None = None, confiner: Confiner | None = None,
     ) -> None:
         self._loop = loop
+        self.confiner = confiner or Confiner((), False, why_not="no confiner")
         self._log_max_bytes = log_max_bytes  # overrides the spec's cap on each rank's log
         self._systemd_run = systemd_run  # path of systemd-run: each job gets its own transient scope
         self._on_exit = on_exit
@@ -132,13 +137,30 @@ class Launcher:
         except OSError:
             return []
 
-    def spawn(self, job_dir: Path, spec: LaunchSpec, owner: Owner | None = None) -> tuple[int, str]:
-        """Start the job's supervisor (working as `owner`, None: as meshd's user); returns (pid, start time)."""
+    def spawn(self, job_dir: Path, spec: LaunchSpec, owner: Owner | None = None,
+              limits: Limits = Limits()) -> tuple[int, str, Limits]:
+        """Start the job's supervisor (working as `owner`, None: as meshd's user) confined to `limits`; returns
+        (pid, start time, the limits in force: a memory limit whose cgroup could not be made is dropped)."""
         env = scrub_env(spec.env)
         env["MESH_JOB_ID"] = spec.job_id
         if owner is not None:
             env.update(user_env(owner))
-        spec = replace(spec, env=env, log_max_bytes=self._log_max_bytes or spec.log_max_bytes)
+        cgroup = None
+        if limits.memory_by.startswith("cgroup"):
+            cgroup = self.confiner.make_cgroup(spec.job_id, spec.restart, limits)
+            if cgroup is None:
+                limits = replace(limits, memory_by="")
+        spec = replace(spec, env=env, log_max_bytes=self._log_max_bytes or spec.log_max_bytes, cpus=list(limits.cpus),
+                       memory_limit_gb=limits.memory_gb if limits.memory_by else None)
+        try:
+            pid, start = self._start(job_dir, spec, owner, limits, cgroup)
+        except OSError:
+            self.confiner.remove(spec.job_id)  # the run's cgroup, made for nothing
+            raise
+        return pid, start, limits
+
+    def _start(self, job_dir: Path, spec: LaunchSpec, owner: Owner | None, limits: Limits,
+               cgroup: str | None) -> tuple[int, str]:
         job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(job_dir, 0o700)
         if owner is not None:
@@ -151,9 +173,12 @@ class Launcher:
         argv = [sys.executable, "-P", "-m", "meshsched.daemon.supervisor", str(job_dir)]
         if owner is not None:
             argv += ["--as-user", owner.argument()]
+        if cgroup is not None:
+            argv += ["--cgroup", cgroup]
         if self._systemd_run:  # systemd-run --scope execs the command in place: same pid, own cgroup
             unit = f"mesh-job-{spec.job_id}-{spec.restart}.scope"
-            argv = [self._systemd_run, "--scope", "--quiet", "--collect", f"--unit={unit}", "--", *argv]
+            argv = [self._systemd_run, "--scope", "--quiet", "--collect", f"--unit={unit}",
+                    *self.confiner.systemd_properties(limits), "--", *argv]
         pid = os.posix_spawn(
             argv[0], argv, spec.env,
             file_actions=[
@@ -196,6 +221,8 @@ class Launcher:
             pids = [p for p in pids if proc_start_time(p) is not None]
             if pids:
                 time.sleep(0.01)
+        if job_id:
+            self.confiner.remove(job_id)
         return killed
 
     def adopt(self, job_id: str, pid: int, start: str, job_dir: Path) -> bool:
@@ -277,11 +304,13 @@ class Launcher:
             self._draining[job_id] = self._loop.call_later(REAP_INTERVAL, self._drain, job_id, sid, job_dir)
             return
         self._cgroups.pop(job_id, None)
+        self.confiner.remove(job_id)
         (job_dir / "supervisor.pid").unlink(missing_ok=True)
         self._on_exit(job_id, read_outcome(job_dir))
 
     def close(self) -> None:
         """Stop watching (the jobs keep running; the next meshd re-adopts them)."""
+        self.confiner.close()
         for job_id, (_, fd, _) in list(self._watched.items()):
             self._loop.remove_reader(fd)
             os.close(fd)

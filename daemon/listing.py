@@ -17,6 +17,7 @@ import json
 import time
 from dataclasses import fields
 
+from meshsched.daemon.confine import format_cpus
 from meshsched.daemon.jobcontrol import HOLDING
 from meshsched.daemon.journal import JobRecord
 from meshsched.jobtable import JOBS_HEADER, columns, jobs_row
@@ -119,6 +120,7 @@ class Listings:
         if rec.cancelling and rec.state in HOLDING:  # Slurm's word for "ending, processes still there"
             out["state"], out["reason"] = "COMPLETING", "cancelled; waiting for its processes to exit"
         out["gpu_names"] = [d.engine.state.gpus[g].local_index for g in rec.assigned]
+        out["cpu_list"] = format_cpus(rec.cpu_ids)  # cpu_ids as Cpus_allowed_list writes them: 0-3,8
         if job is not None and job.state.holds_gpus:  # its colocation set: jobs sharing any of its GPUs
             out["partners"] = self.partners(job)
             if job.exec_pending is not None:
@@ -154,7 +156,7 @@ class Listings:
         out = {
             "name": d.config.node_name, "backend": d.gpus.kind, "policy": d.engine.policy.name,
             "gpus": gpus, "free_gpus": state.free_by_node.get(d.config.node_name, 0), "total_gpus": len(inv),
-            "cpus": d.host.cpus, "memory_gb": d.host.memory_gb,
+            "cpus": d.host.cpus, "memory_gb": d.host.memory_gb, "confinement": d.launcher.confiner.view(),
             "alive": node is not None and node.alive, "mps": d.mps.kind, "queue_length": d.engine.queue_length,
             "running": sum(1 for r in d.records.values() if r.state in HOLDING),
             "uptime": time.time() - d.started_at,

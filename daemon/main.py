@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--node-memory-gb", type=float, help="the node's memory in GB (default: MemTotal)")
     p.add_argument("--reserved-cpus", type=int, help="CPUs kept for the system, not for jobs (default 0)")
     p.add_argument("--reserved-memory-gb", type=float, help="GB of memory kept for the system (default 0)")
+    p.add_argument("--confine", choices=("auto", "cpus", "no"),
+                   help="pin each job to its CPUs and limit its memory where cgroups allow (auto), CPUs only, or no")
     return p.parse_args(argv)
 
 

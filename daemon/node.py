@@ -29,6 +29,7 @@ from pathlib import Path
 from meshsched import events as ev
 from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
 from meshsched.daemon.config import DaemonConfig
+from meshsched.daemon.confine import job_limits, open_confiner, thread_env, usable_cpus
 from meshsched.daemon.dirs import highest_job_dir, private_dir
 from meshsched.daemon.gpus import GpuBackend, open_backend, profile_type
 from meshsched.daemon.hostres import HostResources, host_resources
@@ -127,8 +128,11 @@ class NodeDaemon:
             handle = installed_handle(interference=needs_models(cfg.policy))
             handle = replace(handle, one_user_per_gpu=cfg.mps_one_user)  # sharing pairs one user's jobs under MPS
             self.engine = Engine(make_policy(cfg.policy, handle), ProfileEstimator(handle.perf))
-            self.launcher = Launcher(loop, self._on_exit, _systemd_run(cfg.systemd_scope),
-                                     log_max_bytes=int(cfg.log_max_mb * 2**20))
+            systemd_run = _systemd_run(cfg.systemd_scope)
+            confiner = open_confiner(cfg.confine, usable_cpus(cfg.node_cpus, cfg.reserved_cpus),
+                                     systemd_run is not None, cfg.cgroup_root, _tag(cfg.state_dir))
+            self.launcher = Launcher(loop, self._on_exit, systemd_run, log_max_bytes=int(cfg.log_max_mb * 2**20),
+                                     confiner=confiner)
             self._stack.callback(self.launcher.close)
             self._stack.callback(lambda: [t.cancel() for t in self._tasks])
             self._stack.callback(self._cancel_timer)
@@ -363,6 +367,13 @@ class NodeDaemon:
         env.update(MESH_MICRO_BATCH=str(x.micro_batch), MESH_ACCUM_STEPS=str(x.accumulation),
                    MESH_MPS_PERCENTAGE=str(x.mps_percentage), MESH_PLAN=x.plan or rec.plan or "")  # else the asked
         self._forget_run(rec.job_id)
+        limits = job_limits(self.launcher.confiner, (rec.cpus, rec.memory_gb, rec.gpus),
+                            (x.cpus_per_gpu, x.memory_gb_per_gpu), len(local),
+                            (self.host.cpus, self.host.memory_gb, len(self.gpus.inventory())),
+                            [r.cpu_ids for r in self.records.values() if r.job_id != rec.job_id and r.cpu_ids
+                             and self.launcher.running(r.job_id)])
+        if limits.cpus:  # OpenMP & co. use the rank's share of the job's CPUs
+            env.update(thread_env(len(limits.cpus), len(local), rec.env))
         spec = LaunchSpec(
             job_id=rec.job_id, command=rec.command, cwd=rec.cwd, env=env, local_gpus=local,
             master_port=shared_port(rec.job_id, action.restart) if many else free_port(), restart=action.restart,
@@ -376,11 +387,13 @@ class NodeDaemon:
         )
         try:
             owner = owner_of(rec.uid) if rec.uid is not None else None  # many users: the job runs as its submitter
-            rec.supervisor_pid, rec.supervisor_start = self.launcher.spawn(Path(rec.job_dir), spec, owner)
+            rec.supervisor_pid, rec.supervisor_start, limits = self.launcher.spawn(Path(rec.job_dir), spec, owner,
+                                                                                   limits)
         except (OSError, KeyError) as exc:  # KeyError: its user no longer exists
             self._input(ev.JobFailed(self._sid("launch"), rec.job_id, f"could not start on {self.config.node_name}: "
                                      f"{exc}"), action.restart + 1, queued=True)
             return
+        rec.cpu_ids, rec.memory_limit_gb, rec.memory_enforced_by = list(limits.cpus), limits.memory_gb, limits.memory_by
         self._runs[rec.job_id] = action.restart + 1  # the engine's launch count while this run lives
         rec.pausing = False
         if ranks[0] == 0:
@@ -739,6 +752,13 @@ def _systemd_run(mode: str) -> str | None:
     if path is None and mode == "yes":
         raise RuntimeError("systemd_scope = yes but systemd-run is not on PATH")
     return path
+
+
+def _tag(path: Path) -> str:
+    """A short name for a state dir (its meshd's job cgroups are told apart by it)."""
+    import zlib
+
+    return f"{zlib.crc32(str(path.resolve()).encode()):08x}"
 
 
 def _lock(path: Path):

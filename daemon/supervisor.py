@@ -17,6 +17,10 @@ starts again (a marker line says so).
 With `output` (and `error`) set (`mesh submit --output/--error`), each rank's stdout (stderr) goes through a
 pipe the supervisor copies both to its rank log and, appended, to that file; without them the ranks write
 their logs directly, as before.
+Confinement (daemon/confine.py): with `--cgroup PATH` (from meshd's command line, never from the job directory
+its user may write) the supervisor moves itself into that cgroup, which holds the job's memory limit, before it
+starts a rank; with `cpus` it sets its CPU affinity to them, so every rank inherits both. A rank that fails
+while the cgroup counts an OOM kill is reported as having exceeded its memory limit.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from meshsched.daemon.confine import join_cgroup, oom_kills
 from meshsched.daemon.procs import children, kill_all, session_members
 from meshsched.exitcodes import PREEMPTED_EXIT_CODE
 
@@ -66,6 +71,8 @@ class LaunchSpec:
     devices: list[str] = field(default_factory=list)  # CUDA_VISIBLE_DEVICES per local rank (GpuInfo.cuda_id)
     output: str = ""  # a file every rank's stdout is also appended to ("": only the rank logs)
     error: str = ""  # the same for stderr ("": with stdout)
+    cpus: list[int] = field(default_factory=list)  # CPU ids every rank runs on (daemon/confine.py; []: any)
+    memory_limit_gb: float | None = None  # the job's memory limit here, GiB, where one is enforced
 
     @classmethod
     def load(cls, path: Path) -> LaunchSpec:
@@ -170,9 +177,10 @@ def rotate_log(path: Path, cap: int) -> bool:
 
 
 class Supervisor:
-    def __init__(self, job_dir: Path, as_user: tuple[int, int, list[int]] | None = None) -> None:
+    def __init__(self, job_dir: Path, as_user: tuple[int, int, list[int]] | None = None, cgroup: str = "") -> None:
         self.job_dir = job_dir
         self.as_user = as_user  # (uid, gid, groups): work as that user and start the ranks as them (many users)
+        self.cgroup = cgroup  # the job's cgroup to move into before any rank starts ("": none)
         self.spec = LaunchSpec.load(job_dir / "launch.json")
         self.procs: dict[int, subprocess.Popen] = {}  # pid -> worker
         self.rank_of: dict[int, int] = {}
@@ -301,8 +309,32 @@ class Supervisor:
                 except ProcessLookupError:
                     pass
 
+    def confine(self) -> None:
+        """Join the job's cgroup (its memory limit) and take its CPUs; the ranks inherit both. Confinement that
+        cannot be set up is said in supervisor.log and never stops the job."""
+        if self.cgroup:
+            try:
+                join_cgroup(self.cgroup)
+            except OSError as exc:
+                print(f"supervisor: memory limit not enforced: cannot join {self.cgroup}: {exc.strerror}",
+                      file=sys.stderr, flush=True)
+                self.cgroup = ""
+        if self.spec.cpus:
+            try:
+                os.sched_setaffinity(0, self.spec.cpus)
+            except (OSError, ValueError) as exc:
+                print(f"supervisor: CPUs not pinned to {self.spec.cpus}: {exc}", file=sys.stderr, flush=True)
+
+    def oom_reason(self, failure: dict) -> str:
+        """A failed job's reason, said as an exceeded memory limit when its cgroup counts an OOM kill."""
+        limit = self.spec.memory_limit_gb
+        if limit is None or not oom_kills():
+            return failure["reason"]
+        return f"exceeded its memory limit of {limit:g} GiB (the kernel OOM-killed it): {failure['reason']}"
+
     def run(self) -> int:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self.confine()
         self.become_user()
         signal.signal(signal.SIGTERM, lambda *_: self._on_term())
         signal.signal(signal.SIGINT, lambda *_: self._on_term())
@@ -350,6 +382,8 @@ class Supervisor:
                 _write(user, self.partial.pop(fd, b""))
                 os.close(fd)
                 os.close(log)
+        if failure is not None:
+            failure["reason"] = self.oom_reason(failure)
         if self.terminated:
             result = {"status": "terminated", "rank": None, "exit_code": None, "reason": "terminated"}
         elif preempted and failure is None:
@@ -390,18 +424,26 @@ class Supervisor:
         self.stop_all()
 
 
-def main() -> None:
-    args = sys.argv[1:]
-    as_user = None
-    if len(args) == 3 and args[1] == "--as-user":  # UID:GID:G1,G2 (given by meshd on the command line, never
-        uid, gid, groups = args.pop().split(":")   # read from the job directory its user may write)
-        args.pop()
-        as_user = (int(uid), int(gid), [int(g) for g in groups.split(",") if g])
+def parse_args(argv: list[str]) -> tuple[Path, tuple[int, int, list[int]] | None, str]:
+    """JOB_DIR [--as-user UID:GID:G1,G2] [--cgroup PATH] -> (job dir, as_user, cgroup). The options come from
+    meshd's command line, never from the job directory its user may write."""
+    args, options = list(argv), {}
+    while len(args) >= 3 and args[-2] in ("--as-user", "--cgroup"):
+        value = args.pop()
+        options[args.pop()] = value
     if len(args) != 1:
-        sys.exit("usage: python -m meshsched.daemon.supervisor JOB_DIR [--as-user UID:GID:GROUPS]")
-    job_dir = Path(args[0])
+        sys.exit("usage: python -m meshsched.daemon.supervisor JOB_DIR [--as-user UID:GID:GROUPS] [--cgroup PATH]")
+    as_user = None
+    if "--as-user" in options:
+        uid, gid, groups = options["--as-user"].split(":")
+        as_user = (int(uid), int(gid), [int(g) for g in groups.split(",") if g])
+    return Path(args[0]), as_user, options.get("--cgroup", "")
+
+
+def main() -> None:
+    job_dir, as_user, cgroup = parse_args(sys.argv[1:])
     try:
-        code = Supervisor(job_dir, as_user).run()
+        code = Supervisor(job_dir, as_user, cgroup).run()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # every process of the job is gone and result.json is written: meshd sees the exit now,

@@ -10,6 +10,15 @@ import pytest
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # beside the repository (as in CI)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _job_cgroups_swept():
+    """Job cgroups (daemon/confine.py) of jobs that tests killed behind meshd's back are removed at the end."""
+    yield
+    from tests.test_daemon_helpers import sweep_job_cgroups
+
+    sweep_job_cgroups()
+
+
 @pytest.fixture(scope="session")
 def raw_data() -> Path:
     """The folder whose throughputs/ holds Gavel's and Pollux's raw measurements.
@@ -40,7 +49,7 @@ def dirs(tmp_path):
 async def daemon(dirs):
     """A started NodeDaemon with 4 fake GPUs; its jobs' sessions are killed after the test."""
     from meshsched.daemon.node import NodeDaemon
-    from tests.test_daemon_helpers import kill_sessions, make_config
+    from tests.test_daemon_helpers import kill_sessions, make_config, release_cgroups
 
     d = NodeDaemon(make_config(*dirs))
     await d.start()
@@ -48,3 +57,4 @@ async def daemon(dirs):
     pids = [r.supervisor_pid for r in d.records.values()]
     await d.close()
     kill_sessions(pids)
+    release_cgroups(d)

@@ -132,7 +132,11 @@ def test_submit_ls_show_logs_cancel(served, tmp_path, mesh):
     assert "rank_reports" not in listed[0] and listed[0]["command"]  # --json: the whole record, not the brief
     r = mesh("show", first)
     assert "COMPLETED" in r.stdout and "tiny" in r.stdout
-    assert json.loads(mesh("show", first, "--json").stdout)["name"] == "tiny"
+    view = json.loads(mesh("show", first, "--json").stdout)
+    assert view["name"] == "tiny" and view["cpu_ids"] and view["memory_limit_gb"] > 0  # what its run was confined to
+    assert f"cpu ids: {view['cpu_list']}\n" in r.stdout
+    by = view["memory_enforced_by"] or "not enforced on its node"
+    assert f"memory limit: {view['memory_limit_gb']:g} GiB ({by})\n" in r.stdout
     assert mesh("logs", first).stdout.strip() == "args ['0.1']"
     assert mesh("logs", first, "-f").stdout.strip() == "args ['0.1']"  # ends: the job is done
     r = typer_mesh("top", "--once")

@@ -12,6 +12,7 @@ from contextlib import closing
 import aiohttp
 import pytest
 
+from meshsched.daemon.confine import format_cpus
 from meshsched.daemon.journal import Journal
 from meshsched.daemon.launcher import proc_start_time
 from meshsched.daemon.node import NodeDaemon, Status
@@ -306,7 +307,10 @@ async def test_jobs_get_transient_scopes_via_systemd_run(dirs, tmp_path, monkeyp
         await wait_for(lambda: state(d, rec.job_id) == "COMPLETED", what="scoped job done")
     args = record.read_text().split()
     assert args[:4] == ["--scope", "--quiet", "--collect", f"--unit=mesh-job-{rec.job_id}-0.scope"]
-    assert args[4:7] == ["--", sys.executable, "-m"]
+    r = d.records[rec.job_id]  # the scope holds its CPUs and memory limit (daemon/confine.py)
+    assert r.memory_enforced_by == "systemd" and r.cpu_ids
+    limits = ["-p", f"AllowedCPUs={format_cpus(r.cpu_ids)}", "-p", f"MemoryMax={int(r.memory_limit_gb * 2**30)}"]
+    assert args[4:8] == limits and args[8:11] == ["--", sys.executable, "-m"]
 
 
 async def test_lazer_memory_survives_a_restart(dirs):

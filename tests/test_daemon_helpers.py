@@ -82,6 +82,39 @@ def kill_sessions(pids) -> None:
                 pass
 
 
+def release_cgroups(daemon) -> None:
+    """Remove the job cgroups (daemon/confine.py) of jobs a test killed behind meshd's back, and their parent."""
+    conf = daemon.launcher.confiner if daemon.launcher is not None else None
+    if conf is None or conf.parent is None:
+        return
+    deadline = time.monotonic() + 5.0
+    while not conf.remove() and time.monotonic() < deadline:  # SIGKILLed processes take a moment to go
+        time.sleep(0.02)
+    try:
+        conf.parent.rmdir()
+    except OSError:
+        pass
+
+
+def sweep_job_cgroups() -> None:
+    """Remove the empty job cgroups (and their parents) that tests which kill jobs behind meshd's back left
+    under this process's cgroup (v2, or v1 memory); one with a process in it stays."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        base = Path("/sys/fs/cgroup", *(("memory",) if "memory" in controllers.split(",") else ()), path.lstrip("/"))
+        if controllers and "memory" not in controllers.split(","):
+            continue
+        for leftover in [*base.glob("mesh-jobs-*/mesh-job-*"), *base.glob("mesh-jobs-*")]:
+            try:
+                leftover.rmdir()
+            except OSError:
+                pass
+
+
 def remove(*dirs: Path) -> None:
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
