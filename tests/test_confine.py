@@ -99,13 +99,13 @@ async def test_ranks_run_on_their_disjoint_cpus(dirs):
             (pid,) = d.launcher.workers(job.job_id)
             assert allowed(pid) == tuple(rec.cpu_ids) and rec.cpu_ids
             sets.append(set(rec.cpu_ids))
-            view = d.job_view(rec)
+            view = d.listings.job_view(rec)
             assert view["cpu_ids"] == rec.cpu_ids and view["memory_limit_gb"] == rec.memory_limit_gb > 0
             log = Path(rec.job_dir) / "logs" / "rank0.log"
             await wait_for(lambda: log.exists() and "omp" in log.read_text(), what="rank's output")
             assert log.read_text().split()[:2] == ["omp", str(len(rec.cpu_ids))]
         assert not sets[0] & sets[1]
-        assert d.node_view()["confinement"]["cpus"] == "affinity"
+        assert d.listings.node_view()["confinement"]["cpus"] == "affinity"
     finally:
         left = [r.supervisor_pid for r in d.records.values()]
         await d.close()
@@ -178,7 +178,7 @@ async def test_without_memory_confinement_jobs_run_and_it_is_said(dirs):
         await wait_for(lambda: state(d, job.job_id) in ("FAILED", "COMPLETED"), what="job ended")
         rec = d.records[job.job_id]
         assert rec.state == "COMPLETED" and rec.memory_enforced_by == "" and rec.memory_limit_gb == 0.125
-        assert d.node_view()["confinement"] == {"cpus": "affinity", "memory": "not enforced", "why": "confine = cpus"}
+        assert d.listings.node_view()["confinement"] == {"cpus": "affinity", "memory": "not enforced", "why": "confine = cpus"}
     finally:
         left = [r.supervisor_pid for r in d.records.values()]
         await d.close()

@@ -310,7 +310,7 @@ async def test_jobs_get_transient_scopes_via_systemd_run(dirs, tmp_path, monkeyp
     r = d.records[rec.job_id]  # the scope holds its CPUs and memory limit (daemon/confine.py)
     assert r.memory_enforced_by == "systemd" and r.cpu_ids
     limits = ["-p", f"AllowedCPUs={format_cpus(r.cpu_ids)}", "-p", f"MemoryMax={int(r.memory_limit_gb * 2**30)}"]
-    assert args[4:8] == limits and args[8:11] == ["--", sys.executable, "-m"]
+    assert args[4:8] == limits and args[8:12] == ["--", sys.executable, "-P", "-m"]
 
 
 async def test_lazer_memory_survives_a_restart(dirs):
