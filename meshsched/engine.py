@@ -594,6 +594,9 @@ class Engine:
         if queued:
             self._enqueue(job)
         self._log(now, e.stimulus_id, job, f"the script declared {e.iterations} iterations in total")
+        if (self.policy.calibration is not None and job.state is JobState.RUNNING
+                and any(len(self.state.gpus[g].jobs) > 1 for g in job.gpus)):
+            self._recalibrate[job.job_id] = None  # its set was calibrated for another length
         return None
 
     def _on_model_fitted(self, e: ev.ModelFitted, now: float, actions: list[Action]) -> Trigger | None:

@@ -216,7 +216,7 @@ class CalibrationMemo:
     """What a calibration layer remembers about a job between calls (engine state, so a rebuilt leader keeps
     it): the packing set it last calibrated, when, and the running totals a benchmark reads."""
 
-    packing: tuple  # signature of the packing set last searched ((job, GPUs) of each member, sorted)
+    packing: tuple  # signature of the packing set last searched ((job, GPUs, length) of each member, sorted)
     at: float  # when it was last searched
     searches: int = 0  # searches run for this job's packing sets
     changes: int = 0  # Reconfigures issued for this job

@@ -4,6 +4,7 @@ the memo kept in engine state, the simulator's MPS-share model, and meshd carryi
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -134,7 +135,7 @@ def test_a_sharer_starting_while_a_switch_is_under_way_is_still_calibrated():
     assert any(eng.state.jobs[j].exec_pending is not None for j in ("a", "b"))
     eng.handle(ev.JobStarted("lc", "c"), 11.0)
     eng.state.validate()
-    members = {job for job, _ in eng.state.jobs["c"].calibration.packing}
+    members = {job for job, _, _ in eng.state.jobs["c"].calibration.packing}
     assert members == {"a", "b", "c"}
 
 
@@ -339,3 +340,18 @@ async def test_an_lgrr_restart_of_a_job_not_yet_on_the_socket_relaunches_it(tmp_
         await d.close()
         kill_sessions(pids)
         remove(runtime)
+
+
+def test_a_length_declared_after_the_start_calibrates_the_shared_set_again():
+    """Jobs whose scripts declare their length at hello (no --iters) start at the default 100 iterations: Gimbal
+    judged the pair on that and, the memo unchanged, never again until reports had piled up (seen with
+    benchmarks/gpu_meshd.py: the pair was never squeezed). The declared length now searches the set again."""
+    eng = Engine(make_policy("sjf-ffs+gimbal"), ProfileEstimator(PERF))
+    eng.handle(ev.NodeJoined("j", V100), 0.0)
+    eng.handle(ev.JobSubmitted("sa", replace(A3C, iterations=100)), 0.0)
+    eng.handle(ev.JobSubmitted("sb", replace(TRANSFORMER, iterations=100)), 1.0)
+    eng.handle(ev.JobStarted("la", "a"), 20.0)
+    assert not [a for a in eng.handle(ev.JobStarted("lb", "b"), 25.0) if isinstance(a, Reconfigure)]
+    actions = eng.handle(ev.TotalDeclared("ta", "a", 20_000), 26.0) + eng.handle(ev.TotalDeclared("tb", "b", 20_000), 26.5)
+    rec = [a for a in actions if isinstance(a, Reconfigure) and a.exec.mps_percentage < 100]
+    assert [r.job_id for r in rec] == ["a"] and rec[0].restart

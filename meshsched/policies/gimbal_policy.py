@@ -101,7 +101,7 @@ class GimbalCalibration:
         if job.state is not JobState.RUNNING:
             return []
         members = self._packing_members(view, job)
-        sig = tuple((j.job_id, j.gpus) for j in members)
+        sig = tuple((j.job_id, j.gpus, j.spec.iterations) for j in members)  # a length declared later: search again
         measured = {j.job_id for j in members if _reports(j)}
         memo = job.calibration
         if memo is not None and memo.packing == sig and (not measured or not _collected(job, memo, now)):
