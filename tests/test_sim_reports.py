@@ -18,7 +18,6 @@ from meshsched.sim.loop import ClusterSpec, simulate
 from meshsched.state import JobSpec, JobState
 
 
-@pytest.mark.xfail(strict=True, reason="SimWorld sends no IterationReport when a partner changes a job's rate")
 def test_the_simulators_engine_knows_a_shared_jobs_real_step_time():
     handle = installed_handle()
     perf, inter = handle.perf, handle.interference
