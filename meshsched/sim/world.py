@@ -207,12 +207,12 @@ class SimWorld:
             delay = LGRR_SWITCH_S if only_mps else self._perf.pause_time(run.spec.model) + self._perf.load_time(run.spec.model)
         if old is not None and old.mps_percentage != a.exec.mps_percentage:
             self.lgrr_switches += 1
+        self.push(now + delay, ev.ReconfigureApplied(f"reconfigured-{a.job_id}", a.job_id, a.exec))  # before its report
         if run.started_at is not None:
             run.started_at = now + delay  # progress resumes after the restart
             self._rerate(a.job_id, run, now + delay)
             for p in self._partners(run):  # its share and samples change what its partners suffer
                 self._rerate(p, self._runs[p], now)
-        self.push(now + delay, ev.ReconfigureApplied(f"reconfigured-{a.job_id}", a.job_id, a.exec))
 
     def _timer(self, a: ScheduleTimer, now: float) -> None:
         self.push(a.at, ev.Tick(f"tick-{a.key}", a.key))
