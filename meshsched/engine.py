@@ -236,7 +236,7 @@ class Engine:
 
     def _calibrate_sharers(self, now: float, stimulus: str, actions: list[Action]) -> None:
         """Give the calibration layer a call for jobs whose packing set changed (a sharer started training next
-        to them, or a partner left): the simulator sends no progress reports to trigger it otherwise."""
+        to them, or a partner left), without waiting for the job's next progress report."""
         todo, self._recalibrate = self._recalibrate, {}
         for job_id in todo:
             job = self.state.jobs[job_id]

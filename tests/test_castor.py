@@ -528,3 +528,18 @@ def test_decision_latency_benchmark_runs():
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)
     assert r["pending"] == 200 and r["release_decisions"] > 0
+
+
+def test_sharing_summary_reads_the_placement_layers_share_log():
+    """castor_eval's sharing columns (eq. 24): the log is on the stack's placement layer (it read the stack's
+    attribute, found none, and printed '-' for every policy)."""
+    from meshsched.sim.loop import ClusterSpec, simulate
+    from meshsched.sim.metrics import sharing_summary
+
+    perf = load_perf_model()
+    a = JobSpec("a", 1, "resnet18", 16, 200_000)
+    b = JobSpec("b", 1, "resnet50", 128, 2_000, submit_time=10.0)
+    r = simulate([a, b], make_policy("castor"), perf, ClusterSpec(1, 1, "v100", 16384))
+    s = sharing_summary(r)
+    assert s is not None and s.shared_jobs == 1
+    assert sharing_summary(simulate([a, b], make_policy("sjf"), perf, ClusterSpec(1, 1, "v100", 16384))) is None

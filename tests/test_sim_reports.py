@@ -1,11 +1,11 @@
-"""A parity gap in the simulator (recorded, not fixed here: meshsched/sim is not this branch's to change).
+"""The simulator's engine learns a shared job's real step time, as meshd's does from the SDK's reports.
 
 meshd's engine learns each job's real step time from the SDK's reports, so when a partner starts on its GPU
-the engine extrapolates the slowed job at its shared rate. The simulator's engine gets no reports: it keeps
-the solo estimate, and Castor judges the next sharing decisions on progress that is not there. On the
-50-job Philly slice of benchmarks/parity.py (1 x 8 V100, castor) a SimWorld that also sends an
-IterationReport whenever it re-rates a job changes the start order from the 10th start on and the mean JCT
-by +6.8% (7.58 -> 8.10 M s): the simulator and meshd cannot agree on Castor until the simulator reports.
+the engine extrapolates the slowed job at its shared rate. The simulated world sends the same event (an
+IterationReport with the job's progress and true step time) whenever it re-rates a job; before it did, the
+simulator's engine kept the solo estimate and Castor judged its next sharing decisions on progress that was
+not there (on the 50-job slice of benchmarks/parity.py the start order then differed from meshd's from the
+10th start on). This test failed before the world reported.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from meshsched.sim.loop import ClusterSpec, simulate
 from meshsched.state import JobSpec, JobState
 
 
-@pytest.mark.xfail(strict=True, reason="SimWorld sends no IterationReport when a partner changes a job's rate")
 def test_the_simulators_engine_knows_a_shared_jobs_real_step_time():
     handle = installed_handle()
     perf, inter = handle.perf, handle.interference

@@ -19,9 +19,9 @@ says who may not pair). The SJF-FFS and Lucid-like baselines are in `sharing_bas
 On an arrival only the newcomer gets the sharing search (nothing was freed since the last pass); on a
 release, the first SHARE_SEARCH_DEPTH queued jobs that do not fit on free GPUs do.
 
-Estimates a policy can make: a running job's remaining iterations are extrapolated from the engine's
-estimate of its solo step time (the simulator sends no progress reports), so a job slowed by its partner is
-thought further along than it is. Every sharing start is recorded in `share_log` with the predicted JCT of
+Estimates a policy can make: a running job's remaining iterations are extrapolated from its last progress
+report at its reported step time (meshd: the SDK's reports; the simulator reports whenever it re-rates a job,
+so a job slowed by its partner is extrapolated at its shared rate), else from the engine's solo estimate. Every sharing start is recorded in `share_log` with the predicted JCT of
 the wait-instead alternative (the numerator of Castor's sharing benefit, eq. 24).
 
 Speed: the holders' arrays (`occupancy.Occupancy`) follow the state's change log instead of being rebuilt;

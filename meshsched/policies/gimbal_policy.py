@@ -300,7 +300,7 @@ def _runtime(jobs, perf_of, xi, model: MpsShareModel, cal: Calibration) -> Runti
 
 def _done(j: Job, now: float) -> float:
     """Iterations done by `now`: from the memo's prediction when it is newer than anything the job reported
-    (the simulator sends no reports; the engine's own estimate assumes the solo speed), else the engine's."""
+    (the memo predicts per-rank steps under the calibration; a report gives the job's step only), else the engine's."""
     m = j.calibration
     if m is not None and m.step_s > 0 and m.at >= max(j.progress_time, j.since):
         return min(float(j.spec.iterations), m.done + (now - m.at) / m.step_s)

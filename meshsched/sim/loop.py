@@ -162,6 +162,12 @@ def simulate(
             raise RuntimeError(f"time step at {now}: its last event ({type(event).__name__}) ran no scheduling pass")
         if after_event is not None:
             after_event(engine)
+        while due := world.take_reports():  # what the re-rated jobs' SDKs report (its calibration may re-rate more)
+            for report in due:
+                count += 1
+                world.execute(engine.handle(report, now), now)
+                if after_event is not None:
+                    after_event(engine)
         n = engine.queue_length
         if n != qlen:
             qlen = n

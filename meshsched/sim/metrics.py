@@ -131,7 +131,8 @@ class SharingSummary:
 
 
 def sharing_summary(result: SimResult) -> SharingSummary | None:
-    log = getattr(result.engine.policy, "share_log", None)
+    stack = result.engine.policy  # a PolicyStack: the placement layer keeps the log (None: a policy that never shares)
+    log = getattr(getattr(stack, "placement", stack), "share_log", None)
     if log is None:
         return None
     jobs = result.engine.state.jobs

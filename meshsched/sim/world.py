@@ -22,6 +22,13 @@ meshd has no pool and pays a checkpoint-restart instead); one that changes only 
 accumulation is free; a plan or memory-limit change costs the pause plus load time. A job under an execution
 plan (Rubick: `ExecConfig.plan`) steps at the plan model's iteration time for its plan, GPUs and CPUs. The partners of a job
 whose calibration changed are re-rated at once.
+
+Reports: whenever the world re-rates a training job (a partner starts or stops training next to it, its own or
+a partner's ExecConfig changes) it reports to the engine what the SDK would report to meshd once the job trains
+at the new rate: an IterationReport with its iterations done and its true step time (meshd turns rank 0's
+report frame into the same event). It is due at once (`take_reports`, delivered by the loop right after the
+event that caused it) or, after a reconfiguration's restart, when the job trains again. A job whose rate never
+changes sends none: the engine's own estimate (the same perf model) is already its true step time.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class _Run:
     exec: ExecConfig | None = None  # how it trains (its Launch's, then its last Reconfigure's)
     started_at: float | None = None  # training start (or last re-base); None while loading
     token: int = 0  # seq of the pending JobStarted / JobFinished; stale events carry another
+    report: int = 0  # seq of its pending IterationReport after a restart; stale reports carry another
     shared: bool = False  # has trained next to another job at some point
     xi_max: float = 1.0
     partners: set[str] = field(default_factory=set)
@@ -83,6 +91,8 @@ class SimWorld:
         self.oom_failures = 0
         self.lgrr_switches = 0  # MPS-share changes carried out (each cost LGRR_SWITCH_S)
         self._fit_count = 0
+        self._report_count = 0
+        self._due: dict[str, ev.IterationReport] = {}  # reports due now, one per job (the latest): take_reports()
         self._now = 0.0  # time of the last event popped
         self._handlers = {Launch: self._launch, Preempt: self._preempt, Kill: self._kill,
                           Reconfigure: self._reconfigure, ScheduleTimer: self._timer, FitModel: self._fit}
@@ -127,6 +137,11 @@ class SimWorld:
                 run = self._runs.get(event.job_id)
                 if run is None or run.token != seq:
                     heapq.heappop(heap)  # superseded by a preemption, a kill or a rate change
+                    continue
+            elif type(event) is ev.IterationReport:
+                run = self._runs.get(event.job_id)
+                if run is None or run.report != seq:
+                    heapq.heappop(heap)  # the job stopped, or a later re-rate reported since
                     continue
             return True
         return False
@@ -192,12 +207,12 @@ class SimWorld:
             delay = LGRR_SWITCH_S if only_mps else self._perf.pause_time(run.spec.model) + self._perf.load_time(run.spec.model)
         if old is not None and old.mps_percentage != a.exec.mps_percentage:
             self.lgrr_switches += 1
+        self.push(now + delay, ev.ReconfigureApplied(f"reconfigured-{a.job_id}", a.job_id, a.exec))  # before its report
         if run.started_at is not None:
             run.started_at = now + delay  # progress resumes after the restart
             self._rerate(a.job_id, run, now + delay)
             for p in self._partners(run):  # its share and samples change what its partners suffer
                 self._rerate(p, self._runs[p], now)
-        self.push(now + delay, ev.ReconfigureApplied(f"reconfigured-{a.job_id}", a.job_id, a.exec))
 
     def _timer(self, a: ScheduleTimer, now: float) -> None:
         self.push(a.at, ev.Tick(f"tick-{a.key}", a.key))
@@ -247,6 +262,12 @@ class SimWorld:
         run = self._runs.pop(job_id, None)
         if run is not None and run.started_at is not None:
             self._stop_training(job_id, run, self._now)
+
+    def take_reports(self) -> list[ev.IterationReport]:
+        """The progress reports of jobs re-rated by the last event or actions, for the engine now (the loop
+        delivers them after that event, as meshd turns the SDK's next report into an IterationReport)."""
+        due, self._due = self._due, {}
+        return [r for r in due.values() if r.job_id in self._runs]
 
     def sharing_stats(self, job_id: str) -> tuple[bool, float] | None:
         run = self._runs.get(job_id)
@@ -304,6 +325,20 @@ class SimWorld:
         run.step_time = self._calibrated_step(run) if self._calibration_applies(run) else run.solo_step * xi
         run.token = self.push(at + (run.spec.iterations - done) * run.step_time + self._rules.preemptive_end_lag_s,
                               ev.JobFinished(f"finished-{job_id}", job_id))
+        self._report(job_id, run, at, done)
+
+    def _report(self, job_id: str, run: _Run, at: float, done: float) -> None:
+        """What the SDK tells meshd once the job trains at its new rate: its progress and its true step time.
+        Due now, or (after a reconfiguration's restart) when it trains again."""
+        self._report_count += 1
+        report = ev.IterationReport(f"report-{self._report_count}", job_id, done, run.step_time)
+        if at > self._now:
+            self._due.pop(job_id, None)
+            run.report = self.push(at, report)
+        else:
+            run.report = 0  # a report pushed before (a restart's) is superseded
+            self._due.pop(job_id, None)
+            self._due[job_id] = report
 
     def _calibration_applies(self, run: _Run) -> bool:
         if self._mps_share is None:
