@@ -104,3 +104,26 @@ def test_sigterm_checkpoints_and_exits_resumable(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env)
     assert proc.returncode == PREEMPTED_EXIT_CODE
     assert [p.name for p in tmp_path.iterdir()] == ["step-00000007"]
+
+
+def test_exit_with_a_process_group_skips_the_interpreters_teardown(tmp_path):
+    """torch's teardown after a gloo group aborted a rank now and then (exit 134 instead of 75), which meshd
+    reads as a failure: exit() now leaves by os._exit once the group is destroyed (an atexit handler, which
+    runs only in a teardown, ran before)."""
+    pytest.importorskip("torch")
+    from meshsched.daemon.launcher import free_port
+
+    marker = tmp_path / "teardown-ran"
+    code = (
+        "import atexit, torch.distributed as dist\n"
+        "from meshsched import job\n"
+        f"atexit.register(lambda: open({str(marker)!r}, 'w').close())\n"
+        "dist.init_process_group('gloo')\n"
+        "sess = job.attach(rng=False)\n"
+        "sess.exit()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESH_")}
+    env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == PREEMPTED_EXIT_CODE, out.stderr
+    assert not marker.exists()
