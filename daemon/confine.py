@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from meshsched.daemon.hostres import machine_cpu_ids
 
 LOG = logging.getLogger("meshd")
 CGROUP_FS = Path("/sys/fs/cgroup")
@@ -69,10 +72,7 @@ def parse_cpus(text: str) -> tuple[int, ...]:
 def usable_cpus(node_cpus: int, reserved: int) -> tuple[int, ...]:
     """The CPU ids jobs may get: the ones meshd may run on (at most `node_cpus` of them when set), less the
     first `reserved` (kept for the system) while that leaves one."""
-    try:
-        ids = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        ids = list(range(os.cpu_count() or 1))
+    ids = machine_cpu_ids()
     if node_cpus:
         ids = ids[:node_cpus]
     return tuple(ids[reserved:] if reserved < len(ids) else ids)
@@ -165,14 +165,11 @@ class Confiner:
             out += ["-p", f"MemoryMax={int(limits.memory_gb * GIB)}"]
         return out
 
-    def cgroup_name(self, job_id: str, run: int) -> str:
-        return f"mesh-job-{job_id}-{run}"  # "/mesh-job-" is how daemon/procs.py tells a job's cgroup
-
     def make_cgroup(self, job_id: str, run: int, limits: Limits) -> str | None:
         """(cgroup v2 / v1) The run's cgroup with its memory limit; None (logged) when it cannot be made."""
         if self.parent is None or limits.memory_gb is None or self.memory_by not in ("cgroup v2", "cgroup v1"):
             return None
-        path = self.parent / self.cgroup_name(job_id, run)
+        path = self.parent / f"mesh-job-{job_id}-{run}"  # "/mesh-job-" is how daemon/procs.py tells it
         limit = str(int(limits.memory_gb * GIB))
         try:
             path.mkdir(exist_ok=True)
@@ -205,7 +202,6 @@ class Confiner:
                 except OSError:
                     left = True  # a process is still in it (it is removed with the job's next exit)
         return not left
-
 
     def close(self) -> None:
         """(meshd stops) Remove the parent of its job cgroups when no job's is left in it (running jobs keep
@@ -308,4 +304,4 @@ def job_limits(confiner: Confiner, asked: tuple[int | None, float | None, int], 
     node_cpus, node_memory, node_gpus = node
     cpus = allocated(per_gpu[0], asked[0], asked[2], max(1, node_cpus // max(1, node_gpus)), local)
     memory = allocated(per_gpu[1], asked[1], asked[2], node_memory / max(1, node_gpus), local)
-    return confiner.limits(-(-cpus // 1), memory, in_use)
+    return confiner.limits(math.ceil(cpus), memory, in_use)

@@ -25,11 +25,16 @@ class HostResources:
     detected_memory_gb: float
 
 
-def machine_cpus() -> int:
+def machine_cpu_ids() -> list[int]:
+    """The CPU ids this process may run on (its affinity mask; all of os.cpu_count() where there is none)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
+
+
+def machine_cpus() -> int:
+    return len(machine_cpu_ids())
 
 
 def machine_memory_gb(meminfo: Path = MEMINFO) -> float:
