@@ -369,7 +369,7 @@ class NodeDaemon:
         self._forget_run(rec.job_id)
         limits = job_limits(self.launcher.confiner, (rec.cpus, rec.memory_gb, rec.gpus),
                             (x.cpus_per_gpu, x.memory_gb_per_gpu), len(local),
-                            (self.host.cpus, self.host.memory_gb, len(self.gpus.inventory())),
+                            (self.host.cpus, self.host.memory_gb, len(inv)),
                             [r.cpu_ids for r in self.records.values() if r.job_id != rec.job_id and r.cpu_ids
                              and self.launcher.running(r.job_id)])
         if limits.cpus:  # OpenMP & co. use the rank's share of the job's CPUs

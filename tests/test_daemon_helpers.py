@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -118,3 +119,25 @@ def sweep_job_cgroups() -> None:
 def remove(*dirs: Path) -> None:
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def daemon_with_mps(state: Path, gpus: int):
+    """A started NodeDaemon on `gpus` fake GPUs whose MPS manager is real (a stand-in control tool on PATH, the
+    `fake_control` fixture), as with NVML GPUs and use_mps; everything it started is gone afterwards."""
+    from meshsched.daemon.mps import RealMps
+    from meshsched.daemon.node import NodeDaemon
+
+    runtime = short_dir()
+    d = NodeDaemon(make_config(state, runtime, gpus=gpus))
+    await d.start()
+    d.mps = RealMps(runtime / "mps", list(range(gpus)))
+    await d.mps.start()
+    try:
+        yield d
+    finally:
+        pids = [r.supervisor_pid for r in d.records.values()]
+        await d.mps.close()
+        await d.close()
+        kill_sessions(pids)
+        remove(runtime)

@@ -11,7 +11,7 @@ import pytest
 from meshsched.daemon.mps import NoMps, RealMps
 from meshsched.daemon.node import NodeDaemon
 from meshsched.protocol import SubmitRequest
-from tests.test_daemon_helpers import PY, kill_sessions, make_config, py, remove, short_dir, wait_for
+from tests.test_daemon_helpers import PY, daemon_with_mps, kill_sessions, make_config, py, remove, short_dir, wait_for
 
 FAKE = """#!{py}
 import json, os, sys
@@ -96,12 +96,7 @@ async def test_no_mps_is_inert():
 
 
 async def test_cancel_sends_terminate_client_before_signals(tmp_path, fake_control):
-    runtime = short_dir()
-    d = NodeDaemon(make_config(tmp_path / "state", runtime, gpus=2))
-    await d.start()
-    d.mps = RealMps(runtime / "mps", [0, 1])  # as with NVML GPUs and use_mps = true
-    await d.mps.start()
-    try:
+    async with daemon_with_mps(tmp_path / "state", 2) as d:
         code = "import os, time; print(os.environ['CUDA_MPS_PIPE_DIRECTORY'], flush=True); time.sleep(60)"
         rec = d.submit(SubmitRequest(command=py(code), cwd="/tmp", gpus=2), "u")
         logs = [d.config.jobs_dir / rec.job_id / "logs" / f"rank{r}.log" for r in (0, 1)]
@@ -112,12 +107,6 @@ async def test_cancel_sends_terminate_client_before_signals(tmp_path, fake_contr
         await wait_for(lambda: d.records[rec.job_id].supervisor_pid == 0, what="job stopped")
         told = [c["stdin"] for c in fake_control() if c["stdin"].startswith("terminate_client")]
         assert told == [f"terminate_client 4242 {pid}" for pid in workers]
-    finally:
-        pids = [r.supervisor_pid for r in d.records.values()]
-        await d.mps.close()
-        await d.close()
-        kill_sessions(pids)
-        remove(runtime)
 
 
 async def test_nvml_gpus_under_mps_are_named_by_uuid(tmp_path, fake_control, monkeypatch):

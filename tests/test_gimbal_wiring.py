@@ -267,17 +267,10 @@ def _reconfigure(d, job_id: str, x: ExecConfig) -> list:
 
 @pytest.mark.slow
 async def test_meshd_carries_out_liss_by_directive_and_lgrr_by_restart(tmp_path, fake_control):
-    from meshsched.daemon.mps import RealMps
-    from meshsched.daemon.node import NodeDaemon
     from meshsched.protocol import SubmitRequest
-    from tests.test_daemon_helpers import kill_sessions, make_config, py, remove, short_dir, wait_for
+    from tests.test_daemon_helpers import daemon_with_mps, py, wait_for
 
-    runtime = short_dir()
-    d = NodeDaemon(make_config(tmp_path / "state", runtime, gpus=2))
-    await d.start()
-    d.mps = RealMps(runtime / "mps", [0, 1])  # fake MPS (a recording nvidia-cuda-mps-control on PATH)
-    await d.mps.start()
-    try:
+    async with daemon_with_mps(tmp_path / "state", 2) as d:  # fake MPS: a recording control tool on PATH
         rec = d.submit(SubmitRequest(command=py(LISS_JOB), cwd="/tmp", gpus=2, batch_size=8,
                                      env={"MESH_REPORT_INTERVAL": "0.05"}), "u")
         log0, log1 = (d.config.jobs_dir / rec.job_id / "logs" / f"rank{r}.log" for r in (0, 1))
@@ -300,12 +293,6 @@ async def test_meshd_carries_out_liss_by_directive_and_lgrr_by_restart(tmp_path,
         await wait_for(lambda: job.exec == lgrr and job.exec_pending is None, what="ReconfigureApplied (LGRR)")
         assert job.gpus == gpus and job.state is JobState.RUNNING and job.acct.preemptions == 0
         await wait_for(lambda: "mps 60" in log1.read_text(), what="rank 1 at 60%")
-    finally:
-        pids = [r.supervisor_pid for r in d.records.values()]
-        await d.mps.close()
-        await d.close()
-        kill_sessions(pids)
-        remove(runtime)
 
 
 @pytest.mark.slow
@@ -313,17 +300,10 @@ async def test_an_lgrr_restart_of_a_job_not_yet_on_the_socket_relaunches_it(tmp_
     """A squeeze decided the moment a partner starts reaches a job that has not said hello yet: meshd stops it by
     signal (no SDK to checkpoint-and-exit), and the relaunch must follow; before, the supervisor's 'terminated'
     outcome failed the job (seen with gpu_meshd.py's rehearsal: two jobs submitted together under sjf-ffs+gimbal)."""
-    from meshsched.daemon.mps import RealMps
-    from meshsched.daemon.node import NodeDaemon
     from meshsched.protocol import SubmitRequest
-    from tests.test_daemon_helpers import kill_sessions, make_config, py, remove, short_dir, wait_for
+    from tests.test_daemon_helpers import daemon_with_mps, py, wait_for
 
-    runtime = short_dir()
-    d = NodeDaemon(make_config(tmp_path / "state", runtime, gpus=1))
-    await d.start()
-    d.mps = RealMps(runtime / "mps", [0])
-    await d.mps.start()
-    try:
+    async with daemon_with_mps(tmp_path / "state", 1) as d:
         code = "import os, time; print('mps', os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'), flush=True); time.sleep(60)"
         rec = d.submit(SubmitRequest(command=py(code), cwd="/tmp", gpus=1, batch_size=20, model="lm"), "u")
         log = d.config.jobs_dir / rec.job_id / "logs" / "rank0.log"
@@ -334,12 +314,6 @@ async def test_an_lgrr_restart_of_a_job_not_yet_on_the_socket_relaunches_it(tmp_
         await wait_for(lambda: "mps 60" in log.read_text(), timeout=30, what="relaunched at 60%")
         await wait_for(lambda: job.exec == lgrr and job.exec_pending is None, what="ReconfigureApplied (LGRR)")
         assert job.state is JobState.RUNNING and d.records[rec.job_id].state == "RUNNING"
-    finally:
-        pids = [r.supervisor_pid for r in d.records.values()]
-        await d.mps.close()
-        await d.close()
-        kill_sessions(pids)
-        remove(runtime)
 
 
 def test_a_length_declared_after_the_start_calibrates_the_shared_set_again():
