@@ -112,7 +112,7 @@ async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamW
                 rank0[job_id] = writer
             daemon.job_hello(job_id, bool(msg.get("sdk")), msg.get("steps"))
         elif kind == "report":
-            extra = {k: float(msg[k]) for k in ("samples", "forward_time", "window") if k in msg}
+            extra = {k: float(msg[k]) for k in ("samples", "forward_time", "window", "age") if k in msg}
             try:
                 daemon.job_report(job_id, float(msg["iterations"]), float(msg["step_time"]),
                                   rank=int(msg["rank"]) if "rank" in msg else None, **extra)

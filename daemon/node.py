@@ -676,8 +676,9 @@ class NodeDaemon:
 
     def job_report(self, job_id: str, iterations: float, step_time: float, rank: int | None = None,
                    samples: float | None = None, forward_time: float | None = None,
-                   window: float | None = None) -> None:
-        """A progress report; meshsched.job sends one per rank (rank 0's drives the engine). Impossible: refused."""
+                   window: float | None = None, age: float | None = None) -> None:
+        """A progress report; meshsched.job sends one per rank (rank 0's drives the engine). Impossible: refused.
+        `age`: seconds since the first step it covers began (its step time was measured over them)."""
         last = self.throughput.get(job_id, {}).get(rank) if rank is not None else None
         check_report(iterations, step_time, rank, forward_time, ReportContext(
             self.records[job_id].gpus, last and last["iterations"], last and time.time() - last["at"]))
@@ -689,7 +690,8 @@ class NodeDaemon:
         if not rank:
             if self.replica is not None and not self.replica.report_due(job_id):  # each is an entry on every node
                 return
-            self._input(ev.IterationReport(self._sid("report"), job_id, iterations, step_time), self._runs.get(job_id))
+            self._input(ev.IterationReport(self._sid("report"), job_id, iterations, step_time, age or 0.0),
+                        self._runs.get(job_id))
             ranks = self.throughput.get(job_id, {})
             if rank is not None and len(ranks) == self.records[job_id].gpus > 1:  # every rank has reported
                 fwd = [ranks[r]["forward_time"] for r in sorted(ranks)]  # what tells a straggler (Gimbal sec. 6)

@@ -193,8 +193,9 @@ class Engine:
             return self._ignore(now, e, job)
         job.transition(JobState.RUNNING, now)
         job.progress_time = now
-        job.step_time = self.estimator.step_time(job.spec, self._gpu_type(job), self._shape(job.gpus))
+        job.step_time = self._estimate(job)
         self._log(now, e.stimulus_id, job, "loaded; training")
+        self._partners_retimed(job, now, stopped=False)
         if self.policy.calibration is not None and any(len(self.state.gpus[g].jobs) > 1 for g in job.gpus):
             self._recalibrate[job.job_id] = None  # it now trains next to a partner
         return None
@@ -205,8 +206,8 @@ class Engine:
             return None
         job.done_iterations = min(float(job.spec.iterations), max(job.done_iterations, e.iterations))
         job.progress_time = now
-        if e.step_time > 0:
-            job.step_time = e.step_time
+        if e.step_time > 0 and now - e.measured_for >= job.rate_since:  # else measured partly before a
+            job.step_time = e.step_time  # partner came or went (`_partners_retimed`): not its rate now
         self._calibrate(job, now, e.stimulus_id, actions)
         return None
 
@@ -266,7 +267,7 @@ class Engine:
         done = min(float(job.spec.iterations), e.iterations)
         job.done_iterations = job.checkpoint_iterations = done
         job.progress_time = now
-        self._release(job)
+        self._release(job, now)
         if done >= job.spec.iterations:
             self._complete(job, now, e.stimulus_id, "finished while pausing")
         elif job.timing_out:
@@ -286,7 +287,7 @@ class Engine:
         if job is None or not job.state.holds_gpus:
             return self._ignore(now, e, job)
         job.done_iterations = job.checkpoint_iterations = float(job.spec.iterations)
-        self._release(job)
+        self._release(job, now)
         self._complete(job, now, e.stimulus_id, "completed")
         return Trigger.RELEASE
 
@@ -296,7 +297,7 @@ class Engine:
             return self._ignore(now, e, job)  # requeue of a job already queued (e.g. by NodeLost): nothing to do
         held = job.state.holds_gpus
         if held:
-            self._release(job)
+            self._release(job, now)
         if e.requeue and held:
             self._requeue_from_checkpoint(job, now, e.stimulus_id, f"requeued, not charged: {e.reason}")
         else:
@@ -316,7 +317,7 @@ class Engine:
         held = job.state.holds_gpus
         if held:
             actions.append(Kill(job.job_id))
-            self._release(job)
+            self._release(job, now)
         else:
             self._dequeue(job)
         job.transition(JobState.CANCELLED, now)
@@ -339,7 +340,7 @@ class Engine:
         victims = [j for j in self._active.values() if lost.intersection(j.gpus)]
         for job in victims:
             actions.append(Kill(job.job_id))  # its workers on other nodes must stop too
-            self._release(job)
+            self._release(job, now)
             self._requeue_from_checkpoint(job, now, e.stimulus_id, f"node {e.node} lost")
         self.state.mark_lost(e.node)
         self._log(now, e.stimulus_id, None, f"node {e.node} lost; {len(victims)} job(s) requeued")
@@ -402,9 +403,7 @@ class Engine:
                 if job.state is JobState.LOADING:
                     job.acct.futile_time += now - job.since
                     job.acct.futile_preemptions += 1
-                job.done_iterations = job.iterations_at(now)
-                job.progress_time = now
-                job.transition(JobState.PAUSING, now)
+                self._begin_pause(job, now)
                 self.state.touch(job.job_id)
                 job.acct.preemptions += 1
                 actions.append(Preempt(job.job_id))
@@ -475,7 +474,43 @@ class Engine:
         else:
             del self._queued_gpus[job.spec.gpus]
 
-    def _release(self, job: Job) -> None:
+    def _begin_pause(self, job: Job, now: float) -> None:
+        """Stop counting `job`'s progress and move it to PAUSING (the caller sends the Preempt)."""
+        job.done_iterations = job.iterations_at(now)
+        job.progress_time = now
+        if job.state is JobState.RUNNING:
+            self._partners_retimed(job, now, stopped=True)
+        job.transition(JobState.PAUSING, now)
+
+    def _partners_retimed(self, job: Job, now: float, stopped: bool) -> None:
+        """`job` starts or stops training on its GPUs: the rate of each job training next to it changes now.
+        A partner's progress is banked at its old rate, and a report measured partly before now loses its step
+        time (`_on_report`); a partner left alone on all its GPUs has the engine's estimate alone until then.
+        (The simulator's world reports the new rate at once; a real job only after a step at it.)"""
+        gpus, jobs, me = self.state.gpus, self.state.jobs, job.job_id
+        seen: set[str] = set()
+        for g in job.gpus:
+            for other in gpus[g].jobs:
+                if other == me or other in seen:
+                    continue
+                seen.add(other)
+                p = jobs[other]
+                if p.state is not JobState.RUNNING:
+                    continue
+                p.done_iterations = p.iterations_at(now)
+                p.progress_time = p.rate_since = now
+                self.state.touch(other)
+                alone = all(set(gpus[h].jobs) <= {me, other} for h in p.gpus)
+                if stopped and alone and (p.exec is None or p.exec.plan is None):
+                    p.step_time = self._estimate(p)
+
+    def _estimate(self, job: Job) -> float:
+        """The estimator's step time of `job` alone where it runs, at its micro-batch and accumulation."""
+        return self.estimator.step_time(job.spec, self._gpu_type(job), self._shape(job.gpus), job.exec)
+
+    def _release(self, job: Job, now: float) -> None:
+        if job.state is JobState.RUNNING:  # (a PAUSING job stopped training when it began to pause)
+            self._partners_retimed(job, now, stopped=True)
         if self.policy.calibration is not None:
             for g in job.gpus:  # its partners lose it: their packing set changed
                 for other in self.state.gpus[g].jobs:
@@ -559,7 +594,7 @@ class Engine:
         job.gpus = e.gpus
         job.exec = e.exec or ExecConfig.default_for(spec)
         job.acct.first_start = now
-        job.step_time = self.estimator.step_time(spec, self._gpu_type(job), self._shape(job.gpus))
+        job.step_time = self._estimate(job)
         self.state.jobs[spec.job_id] = job
         self._active[spec.job_id] = job
         if spec.time_limit is not None:
@@ -711,9 +746,7 @@ class Engine:
             job.timing_out = True
             job.reason = TIME_LIMIT
             if job.state is not JobState.PAUSING:  # already pausing: its pause ends it all the same
-                job.done_iterations = job.iterations_at(now)
-                job.progress_time = now
-                job.transition(JobState.PAUSING, now)
+                self._begin_pause(job, now)
                 actions.append(Preempt(job_id))
             self.settled.append(job_id)
             self._log(now, stimulus, job, f"time limit of {job.spec.time_limit:g}s reached: checkpoint and stop")
@@ -747,9 +780,7 @@ class Engine:
         job = self.state.jobs.get(e.job_id)
         if job is None or job.state not in (JobState.LOADING, JobState.RUNNING):
             return self._ignore(now, e, job)
-        job.done_iterations = job.iterations_at(now)
-        job.progress_time = now
-        job.transition(JobState.PAUSING, now)
+        self._begin_pause(job, now)
         job.reason = "requeued"
         actions.append(Preempt(job.job_id))
         self._log(now, e.stimulus_id, job, "requeue asked: checkpoint, then queued again")

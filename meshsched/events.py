@@ -31,6 +31,7 @@ class IterationReport(Event):
     job_id: str
     iterations: float  # optimizer steps done in total
     step_time: float  # recent seconds per step
+    measured_for: float = 0.0  # seconds of training that step time was measured over, up to now (0: exact)
 
 
 @dataclass(frozen=True, slots=True)

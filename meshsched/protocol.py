@@ -60,7 +60,7 @@ def decode_body(body: bytes, allowed: tuple[str, ...] = MESSAGE_TYPES) -> dict[s
         _number(msg, "iterations", minimum=0.0)
         if kind == "report":
             _number(msg, "step_time", minimum=0.0)
-            for key in ("rank", "samples", "forward_time", "window"):  # optional, sent by meshsched.job
+            for key in ("rank", "samples", "forward_time", "window", "age"):  # optional, sent by meshsched.job
                 if key in msg:
                     _number(msg, key, minimum=0.0)
             if "rank" in msg and msg["rank"] != int(msg["rank"]):

@@ -256,6 +256,7 @@ class Job:
     checkpoint_iterations: float = 0.0  # progress a restart resumes from
     progress_time: float = 0.0
     step_time: float = 0.0  # current estimate of seconds per iteration while RUNNING
+    rate_since: float = 0.0  # when a GPU partner last started or stopped training next to it (its rate changed)
     restarts: int = 0
     reason: str = ""  # pending reason (Slurm-style) or end reason
     acct: JobAccounting = field(default_factory=JobAccounting)

@@ -9,7 +9,7 @@ from tests.fakes import LinearPerf
 
 
 class FixedEstimator:
-    def step_time(self, spec, gpu_type, placement):
+    def step_time(self, spec, gpu_type, placement, exec=None):
         return 1.0
 
 

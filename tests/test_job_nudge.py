@@ -99,3 +99,28 @@ async def test_a_preemption_reaches_a_job_whose_report_interval_is_long(dirs, tm
         pids = [r.supervisor_pid for r in d.records.values()]
         await d.close()
         kill_sessions(pids)
+
+
+def test_a_report_says_how_long_ago_its_first_step_began():
+    # meshd keeps a report's step time only if no partner came or went on the job's GPUs since its first step
+    # began (engine `_on_report`): the frame says how long ago that was.
+    import time
+
+    from meshsched.job.reporter import StepRecord
+
+    fake = FakeMeshd(lambda msg: [{"type": "ok", "seq": msg["seq"]}])
+    reporter = Reporter(fake.path, 0, 600.0, lambda d: None)
+    try:
+        wait = time.monotonic() + 20
+        while not fake.requests and time.monotonic() < wait:  # the hello
+            time.sleep(0.01)
+        t = time.perf_counter()
+        reporter.record(StepRecord(1, 8, 0.0, 0.3, t - 0.2))  # began 0.5 s ago
+        reporter.record(StepRecord(2, 8, 0.0, 0.2, t))
+        reporter.flush()
+        report = fake.requests[-1]
+        assert report["type"] == "report" and report["window"] == 0.5
+        assert 0.5 <= report["age"] < 5.0
+    finally:
+        reporter.close()
+        fake.close()

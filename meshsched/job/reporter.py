@@ -29,6 +29,7 @@ class StepRecord:
     samples: int
     forward_time: float
     iteration_time: float
+    ended: float  # time.perf_counter() at the step's end
 
 
 class Reporter:
@@ -109,7 +110,10 @@ class Reporter:
                    "step_time": sum(r.iteration_time for r in batch) / n,
                    "samples": float(sum(r.samples for r in batch)),
                    "forward_time": sum(r.forward_time for r in batch) / n,
-                   "window": float(sum(r.iteration_time for r in batch))}
+                   "window": float(sum(r.iteration_time for r in batch)),
+                   # seconds since the first of these steps began: meshd keeps the step time only if no partner
+                   # came or went on the job's GPUs since then
+                   "age": max(0.0, time.perf_counter() - (batch[0].ended - batch[0].iteration_time))}
         else:
             msg = {"type": "ping"}
         try:

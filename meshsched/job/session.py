@@ -165,7 +165,7 @@ class Session:
             self.sampler.advance()
         now = time.perf_counter()
         if self.reporter is not None:
-            self.reporter.record(StepRecord(self.step, samples or 0, self._forward, now - self._last))
+            self.reporter.record(StepRecord(self.step, samples or 0, self._forward, now - self._last, now))
         dt = now - self._last
         self._step_time = dt if not self._step_time else 0.9 * self._step_time + 0.1 * dt
         self._forward, self._last = 0.0, now
