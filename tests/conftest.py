@@ -49,12 +49,9 @@ def dirs(tmp_path):
 async def daemon(dirs):
     """A started NodeDaemon with 4 fake GPUs; its jobs' sessions are killed after the test."""
     from meshsched.daemon.node import NodeDaemon
-    from tests.test_daemon_helpers import kill_sessions, make_config, release_cgroups
+    from tests.test_daemon_helpers import close_daemon, make_config
 
     d = NodeDaemon(make_config(*dirs))
     await d.start()
     yield d
-    pids = [r.supervisor_pid for r in d.records.values()]
-    await d.close()
-    kill_sessions(pids)
-    release_cgroups(d)
+    await close_daemon(d)

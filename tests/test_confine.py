@@ -16,7 +16,7 @@ from meshsched.daemon.confine import (
 )
 from meshsched.daemon.node import NodeDaemon
 from tests.test_daemon import state, submit
-from tests.test_daemon_helpers import kill_sessions, make_config, py, release_cgroups, wait_for
+from tests.test_daemon_helpers import close_daemon, kill_sessions, make_config, py, release_cgroups, wait_for
 
 # a rank that stays up and says what it was given
 SHOW = "import os, time; print('omp', os.environ.get('OMP_NUM_THREADS'), flush=True); time.sleep(60)"
@@ -83,34 +83,26 @@ def test_no_mechanism_is_logged_once_and_said(tmp_path, caplog):
     assert open_confiner("auto", (0,), True).memory_by == "systemd"
 
 
-async def test_ranks_run_on_their_disjoint_cpus(dirs):
-    cfg = make_config(*dirs)
-    d = NodeDaemon(cfg)
-    await d.start()
-    try:
-        pool = d.launcher.confiner.pool
-        if len(pool) < 2:
-            pytest.skip(f"one usable CPU here ({pool}): no two disjoint sets")
-        one, two = (submit(d, py(SHOW), gpus=1, iters=10) for _ in range(2))
-        await wait_for(lambda: all(len(d.launcher.workers(j.job_id)) == 1 for j in (one, two)), what="ranks up")
-        sets = []
-        for job in (one, two):
-            rec = d.records[job.job_id]
-            (pid,) = d.launcher.workers(job.job_id)
-            assert allowed(pid) == tuple(rec.cpu_ids) and rec.cpu_ids
-            sets.append(set(rec.cpu_ids))
-            view = d.listings.job_view(rec)
-            assert view["cpu_ids"] == rec.cpu_ids and view["memory_limit_gb"] == rec.memory_limit_gb > 0
-            log = Path(rec.job_dir) / "logs" / "rank0.log"
-            await wait_for(lambda: log.exists() and "omp" in log.read_text(), what="rank's output")
-            assert log.read_text().split()[:2] == ["omp", str(len(rec.cpu_ids))]
-        assert not sets[0] & sets[1]
-        assert d.listings.node_view()["confinement"]["cpus"] == "affinity"
-    finally:
-        left = [r.supervisor_pid for r in d.records.values()]
-        await d.close()
-        kill_sessions(left)
-        release_cgroups(d)
+async def test_ranks_run_on_their_disjoint_cpus(daemon):
+    d = daemon
+    pool = d.launcher.confiner.pool
+    if len(pool) < 2:
+        pytest.skip(f"one usable CPU here ({pool}): no two disjoint sets")
+    one, two = (submit(d, py(SHOW), gpus=1, iters=10) for _ in range(2))
+    await wait_for(lambda: all(len(d.launcher.workers(j.job_id)) == 1 for j in (one, two)), what="ranks up")
+    sets = []
+    for job in (one, two):
+        rec = d.records[job.job_id]
+        (pid,) = d.launcher.workers(job.job_id)
+        assert allowed(pid) == tuple(rec.cpu_ids) and rec.cpu_ids
+        sets.append(set(rec.cpu_ids))
+        view = d.listings.job_view(rec)
+        assert view["cpu_ids"] == rec.cpu_ids and view["memory_limit_gb"] == rec.memory_limit_gb > 0
+        log = Path(rec.job_dir) / "logs" / "rank0.log"
+        await wait_for(lambda: log.exists() and "omp" in log.read_text(), what="rank's output")
+        assert log.read_text().split()[:2] == ["omp", str(len(rec.cpu_ids))]
+    assert not sets[0] & sets[1]
+    assert d.listings.node_view()["confinement"]["cpus"] == "affinity"
 
 
 async def test_restart_keeps_cpu_assignments(dirs):
@@ -147,27 +139,20 @@ async def test_restart_keeps_cpu_assignments(dirs):
 GREEDY = "b = bytearray(400 << 20)\nfor i in range(0, len(b), 4096):\n    b[i] = 1\nprint('survived', flush=True)\n"
 
 
-async def test_a_job_past_its_memory_limit_fails_saying_so(dirs):
-    d = NodeDaemon(make_config(*dirs))
-    await d.start()
-    try:
-        conf = d.launcher.confiner
-        if not conf.memory_by.startswith("cgroup"):
-            pytest.skip(f"memory limits are not enforced here ({conf.memory_by or conf.why_not})")
-        job = submit(d, py(GREEDY), gpus=1, iters=10, memory_gb=0.125)
-        await wait_for(lambda: state(d, job.job_id) in ("FAILED", "COMPLETED"), what="job ended")
-        rec = d.records[job.job_id]
-        assert rec.state == "FAILED" and rec.memory_enforced_by == conf.memory_by, rec.reason
-        assert rec.reason.startswith("exceeded its memory limit of 0.125 GiB"), rec.reason
-        assert not list(conf.parent.glob(f"mesh-job-{job.job_id}-*"))  # its cgroup is gone with it
-        fine = submit(d, py("print('ok')"), gpus=1, iters=10, memory_gb=0.125)
-        await wait_for(lambda: state(d, fine.job_id) in ("FAILED", "COMPLETED"), what="small job ended")
-        assert state(d, fine.job_id) == "COMPLETED", d.records[fine.job_id].reason
-    finally:
-        left = [r.supervisor_pid for r in d.records.values()]
-        await d.close()
-        kill_sessions(left)
-        release_cgroups(d)
+async def test_a_job_past_its_memory_limit_fails_saying_so(daemon):
+    d = daemon
+    conf = d.launcher.confiner
+    if not conf.memory_by.startswith("cgroup"):
+        pytest.skip(f"memory limits are not enforced here ({conf.memory_by or conf.why_not})")
+    job = submit(d, py(GREEDY), gpus=1, iters=10, memory_gb=0.125)
+    await wait_for(lambda: state(d, job.job_id) in ("FAILED", "COMPLETED"), what="job ended")
+    rec = d.records[job.job_id]
+    assert rec.state == "FAILED" and rec.memory_enforced_by == conf.memory_by, rec.reason
+    assert rec.reason.startswith("exceeded its memory limit of 0.125 GiB"), rec.reason
+    assert not list(conf.parent.glob(f"mesh-job-{job.job_id}-*"))  # its cgroup is gone with it
+    fine = submit(d, py("print('ok')"), gpus=1, iters=10, memory_gb=0.125)
+    await wait_for(lambda: state(d, fine.job_id) in ("FAILED", "COMPLETED"), what="small job ended")
+    assert state(d, fine.job_id) == "COMPLETED", d.records[fine.job_id].reason
 
 
 async def test_without_memory_confinement_jobs_run_and_it_is_said(dirs):
@@ -180,10 +165,7 @@ async def test_without_memory_confinement_jobs_run_and_it_is_said(dirs):
         assert rec.state == "COMPLETED" and rec.memory_enforced_by == "" and rec.memory_limit_gb == 0.125
         assert d.listings.node_view()["confinement"] == {"cpus": "affinity", "memory": "not enforced", "why": "confine = cpus"}
     finally:
-        left = [r.supervisor_pid for r in d.records.values()]
-        await d.close()
-        kill_sessions(left)
-        release_cgroups(d)
+        await close_daemon(d)
 
 
 def test_mesh_nodes_says_when_memory_limits_are_not_enforced(monkeypatch, capsys):

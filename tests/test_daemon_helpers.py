@@ -83,6 +83,14 @@ def kill_sessions(pids) -> None:
                 pass
 
 
+async def close_daemon(daemon) -> None:
+    """Close a test's NodeDaemon, then kill what its jobs left running and remove their cgroups."""
+    pids = [r.supervisor_pid for r in daemon.records.values()]
+    await daemon.close()
+    kill_sessions(pids)
+    release_cgroups(daemon)
+
+
 def release_cgroups(daemon) -> None:
     """Remove the job cgroups (daemon/confine.py) of jobs a test killed behind meshd's back, and their parent."""
     conf = daemon.launcher.confiner if daemon.launcher is not None else None
