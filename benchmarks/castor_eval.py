@@ -1,4 +1,4 @@
-"""Castor vs the sharing and queue baselines on the Philly trace: the README's tables.
+"""Castor vs the sharing and queue baselines on the Philly trace: the tables of docs/results/castor.md.
 
     python benchmarks/castor_eval.py --out results/castor [--workers 2]
 
@@ -30,11 +30,12 @@ SETTINGS = {f"{t}-x{load:g}": (t, load) for t in ("full", "window") for load in 
 def run_one(args: tuple[str, str, str]) -> dict:
     import numpy as np
 
-    from meshsched.perf import load_perf_model
+    from meshsched.loaders.profiles import load_perf_model
+    from meshsched.loaders.profiles import installed_handle
     from meshsched.policies.registry import make_policy
     from meshsched.sim.loop import ClusterSpec, simulate
     from meshsched.sim.metrics import sharing_summary, summarise, summary_dict
-    from meshsched.sim.traces import TraceOptions, load_trace
+    from meshsched.loaders.traces import TraceOptions, load_trace
     from meshsched.state import JobState
 
     setting, policy, out = args
@@ -44,7 +45,7 @@ def run_one(args: tuple[str, str, str]) -> dict:
                         window=WINDOW if kind == "window" else None, first_n=2000 if kind == "window" else None)
     tr = load_trace("philly", perf, opts)
     t0 = time.perf_counter()
-    r = simulate(tr.jobs, make_policy(policy), perf, ClusterSpec(64, 8, "v100", perf.gpu_memory_mb("v100")))
+    r = simulate(tr.jobs, make_policy(policy, installed_handle()), perf, ClusterSpec(64, 8, "v100", perf.gpu_memory_mb("v100")))
     wall = time.perf_counter() - t0
     doc = dict(summary_dict(summarise(r, policy)), setting=setting, sim_seconds=round(wall, 1))
     sh = sharing_summary(r)

@@ -67,7 +67,7 @@ def bench_submit(client: Client, n: int) -> None:
 
 PINGER = """
 import json, time
-from meshsched.daemon.jobclient import JobClient
+from meshsched.job.client import JobClient
 c = JobClient.from_env()
 for _ in range(200):
     c.request({"type": "ping"})

@@ -25,7 +25,7 @@ Figures, p50 and p99 over repetitions on the same snapshot (a pass only reads th
   Target (issue 12): mean under Lazer's 7.1 ms.
 Each figure in wall time and in the calling thread's CPU time (on a busy machine the wall time includes waiting
 for a core). Target (issue 9): arrival p99 < 10 ms at 10,240 GPUs with 10,000 pending. Not a test: numbers go
-to the README.
+to docs/results/castor.md (--policy lazer: docs/results/lazer.md).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import time
 from meshsched import events as ev
 from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
-from meshsched.perf.loader import installed_handle
+from meshsched.loaders.profiles import installed_handle
 from meshsched.policies.base import Trigger
 from meshsched.policies.lazer import Lazer
 from meshsched.policies.registry import make_policy

@@ -38,9 +38,9 @@ import random
 import statistics
 from dataclasses import dataclass, replace
 
-from meshsched.perf import load_perf_model
+from meshsched.loaders.profiles import load_perf_model
 from meshsched.perf.itermodel import comm_time
-from meshsched.perf.loader import load_mps_share
+from meshsched.loaders.profiles import load_mps_share
 from meshsched.perf.mps_share import MpsShareModel
 from meshsched.policies.gimbal import (
     MPS_MAX,

@@ -58,9 +58,10 @@ def write_records(path: Path, result, shared: set[str]) -> None:
 def run_one(trace_jobs, policy: str, perf, cluster, records: Path | None = None) -> dict:
     from meshsched.sim.loop import simulate
     from meshsched.sim.metrics import summarise
+    from meshsched.loaders.profiles import installed_handle
     from meshsched.policies.registry import make_policy
 
-    stack = make_policy(policy)
+    stack = make_policy(policy, installed_handle())
     t0, c0 = time.perf_counter(), time.process_time()
     r = simulate(trace_jobs, stack, perf, cluster)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -219,10 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         return why(*a.why, a.json)
     if a.merge:
         return merge(a.merge, a.json)
-    from meshsched.perf import load_perf_model
+    from meshsched.loaders.profiles import load_perf_model
     from meshsched.policies.registry import UnknownPolicy, parse_policy
     from meshsched.sim.loop import ClusterSpec
-    from meshsched.sim.traces import TraceError, TraceOptions, load_trace
+    from meshsched.loaders.traces import TraceError, TraceOptions, load_trace
 
     try:
         if a.window == "all":

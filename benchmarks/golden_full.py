@@ -4,7 +4,8 @@ digest of every job's start, finish and preemptions, to check that a refactor ch
     python benchmarks/golden_full.py --out results/golden.json [--policy sjf,srtf] [--json]
     python benchmarks/golden_full.py --check benchmarks/golden/philly_full.json   # compare against the saved digests
 
-Settings: 64 x 8 V100, seed 1 (the README's tables). A full run of every policy takes about 25 CPU-minutes.
+Settings: 64 x 8 V100, seed 1 (the tables of docs/results/baselines.md). A full run of every policy takes about
+25 CPU-minutes.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ SETTINGS = {"full-x1": (None, None, 1.0), "window-x2": (WINDOW, 2000, 2.0)}
 
 
 def run_one(args: tuple[str, str]) -> dict:
-    from meshsched.perf import load_perf_model
+    from meshsched.loaders.profiles import load_perf_model
+    from meshsched.loaders.profiles import installed_handle
     from meshsched.policies.registry import make_policy
     from meshsched.sim.loop import ClusterSpec, simulate
     from meshsched.sim.metrics import summarise, summary_dict
-    from meshsched.sim.traces import TraceOptions, load_trace
+    from meshsched.loaders.traces import TraceOptions, load_trace
 
     setting, policy = args
     window, first_n, load = SETTINGS[setting]
@@ -35,7 +37,7 @@ def run_one(args: tuple[str, str]) -> dict:
     opts = TraceOptions(gpu_type="v100", gpus_per_node=8, seed=1, load=load, window=window, first_n=first_n)
     tr = load_trace("philly", perf, opts)
     t0 = time.perf_counter()
-    r = simulate(tr.jobs, make_policy(policy), perf, ClusterSpec(64, 8, "v100", perf.gpu_memory_mb("v100")))
+    r = simulate(tr.jobs, make_policy(policy, installed_handle()), perf, ClusterSpec(64, 8, "v100", perf.gpu_memory_mb("v100")))
     wall = time.perf_counter() - t0
     h = hashlib.sha256()
     for j in sorted(r.engine.state.jobs.values(), key=lambda j: j.spec.job_id):

@@ -6,7 +6,7 @@
     python benchmarks/lazer_eval.py --window full --nodes 64 --policies srtf,sjf,lazer   # the full trace
 
 The slice: the busiest 2,000-job window of Philly (the arrivals from 729.865 h on, as benchmarks/castor_eval.py),
-its first N jobs, or the whole trace (`full`, 82,247 jobs: use --nodes 64, the README's 512 GPUs), on
+its first N jobs, or the whole trace (`full`, 82,247 jobs: use --nodes 64, the 512 GPUs of docs/results/lazer.md), on
 NODES x 8 V100 (default 8 x 8 = 64 GPUs, where SRTF preempts a lot), seed 1, load 1x.
 Regimes: `measured` (our models' loads of 20-30 s, pauses 5-15 s) and `lazer` (profiles/overheads_lazer.json:
 loads of ~2 min, pauses ~8 s, scaled to Lazer section 3.2). The same replays as `mesh simulate --overheads R`.
@@ -53,13 +53,13 @@ def run_one(task: tuple[str, str, int, int, str]) -> dict:
     import torch
 
     torch.set_num_threads(1)  # one intra-op thread for the GP (lazer_opt's advice)
-    from meshsched.perf import load_perf_model
+    from meshsched.loaders.profiles import load_perf_model
     from meshsched.policies.base import Defer, Evict, Start, Trigger
     from meshsched.policies.registry import make_policy
     from meshsched.policies.stack import PolicyHandle
     from meshsched.sim.loop import ClusterSpec, simulate
     from meshsched.sim.metrics import summarise, summary_dict
-    from meshsched.sim.traces import TraceOptions, load_trace
+    from meshsched.loaders.traces import TraceOptions, load_trace
     from meshsched.sim.world import SimWorld
     from meshsched.state import JobState
 

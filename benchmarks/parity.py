@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/parity.py [--jobs 50] [--gpus 8] [--policies sjf,srtf,castor] [--json]
 
 The workload: the first --jobs jobs of the Philly trace that fit on one node of --gpus fake V100s (models,
-batches and iterations from meshsched.sim.traces, seed --seed). It is time-compressed by C (chosen so the
+batches and iterations from meshsched.loaders.traces, seed --seed). It is time-compressed by C (chosen so the
 longest simulated makespan takes --target-seconds of wall time, or given with --compress): a job arrives at
 submit / C and each of its steps stands for C trace iterations, so it is submitted to meshd with
 round(iterations / C) steps (the simulator replays the same jobs with round(iterations / C) x C iterations).
@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshsched.cli.client import Client, DaemonUnavailable
-from meshsched.perf.loader import installed_handle
+from meshsched.loaders.profiles import installed_handle
 from meshsched.policies.registry import make_policy
 from meshsched.sim.loop import ClusterSpec, simulate
-from meshsched.sim.traces import TraceOptions, load_trace
+from meshsched.loaders.traces import TraceOptions, load_trace
 from meshsched.state import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,7 +32,7 @@ from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
-from meshsched.perf.loader import load_plan_catalog
+from meshsched.loaders.profiles import load_plan_catalog
 from meshsched.perf.plan_fit import fit_plan_params, relative_error, sample_fit_rows
 from meshsched.perf.plans import PlanParams, PlanProfile, iteration_terms
 

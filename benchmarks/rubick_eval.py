@@ -25,13 +25,14 @@ import json
 import statistics
 import time
 
-from meshsched.perf.loader import load_plan_catalog
+from meshsched.loaders.profiles import load_plan_catalog
 from meshsched.perf.placement import ideal_placement
 from meshsched.perf.plans import ExecutionPlan, PlanPerfModel, Resources, iteration_time
 from meshsched.policies.registry import make_policy
 from meshsched.policies.stack import PolicyHandle
 from meshsched.sim.loop import ClusterSpec, simulate
-from meshsched.sim.rubick_trace import WorkloadOptions, load_plan_trace
+from meshsched.loaders.traces import load_plan_trace
+from meshsched.sim.rubick_trace import WorkloadOptions
 from meshsched.state import JobState
 
 NODE_GPUS = 8

@@ -24,7 +24,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from meshsched.protocol import MESSAGE_TYPES, FrameDecoder, encode_frame
+from meshsched.wire.protocol import MESSAGE_TYPES, FrameDecoder, encode_frame
 
 
 class _JobSocket(socketserver.BaseRequestHandler):

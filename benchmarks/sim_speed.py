@@ -14,11 +14,13 @@ import argparse
 import json
 import time
 
-from meshsched.perf import DEFAULT_GPU_TYPE, load_perf_model
+from meshsched.perf import DEFAULT_GPU_TYPE
+from meshsched.loaders.profiles import load_perf_model
+from meshsched.loaders.profiles import installed_handle
 from meshsched.policies.registry import make_policy
 from meshsched.sim.loop import ClusterSpec, simulate
 from meshsched.sim.metrics import summarise
-from meshsched.sim.traces import TraceOptions, load_trace
+from meshsched.loaders.traces import TraceOptions, load_trace
 
 
 def main() -> None:
@@ -48,7 +50,7 @@ def main() -> None:
         best = None
         for _ in range(args.repeat):
             t0, c0 = time.perf_counter(), time.process_time()
-            r = simulate(trace.jobs, make_policy(name), perf, cluster)
+            r = simulate(trace.jobs, make_policy(name, installed_handle()), perf, cluster)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             if best is None or wall < best[0]:
                 best = (wall, cpu, r)

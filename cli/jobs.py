@@ -14,7 +14,7 @@ import time
 
 from meshsched.cli.client import SOCKET_HELP, ApiError, Client, DaemonUnavailable, error_of
 from meshsched.cli.output import fail, print_json, print_json_bytes
-from meshsched.jobtable import batch, columns, exec_of, fmt_time, mps, partners
+from meshsched.wire.jobtable import batch, columns, exec_of, fmt_time, mps, partners
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 NOTHING_TO_CANCEL = 3  # `mesh cancel` exit code when a job had already ended (documented in --help, README)

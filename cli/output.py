@@ -1,4 +1,4 @@
-"""Shared CLI output: one-line errors with a non-zero exit, JSON to stdout (aligned columns: meshsched.jobtable).
+"""Shared CLI output: one-line errors with a non-zero exit, JSON to stdout (aligned columns: meshsched.wire.jobtable).
 
 Stdlib only (no typer, no rich; json when a command needs it): the common commands import this on their
 fast path.

@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 
 from meshsched.cli.output import fail, print_json
-from meshsched.jobtable import columns
-from meshsched.perf import load_perf_model
+from meshsched.wire.jobtable import columns
+from meshsched.loaders.profiles import load_perf_model
 
 app = typer.Typer(help="Performance profiles: list them, refit them from measurements.", no_args_is_help=True)
 
@@ -105,7 +105,7 @@ def plans_cmd(
 ) -> None:
     """List measured execution plans with the plan model's predicted iteration time and its relative error."""
     from meshsched.perf.errors import UnknownProfile
-    from meshsched.perf.loader import load_plan_catalog
+    from meshsched.loaders.profiles import load_plan_catalog
     from meshsched.perf.plans import iteration_time
 
     try:

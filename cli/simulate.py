@@ -9,11 +9,10 @@ from pathlib import Path
 import typer
 
 from meshsched.cli.output import fail, print_json
-from meshsched.perf import DEFAULT_GPU_TYPE, UnknownProfile, load_perf_model
-from meshsched.perf.loader import OVERHEAD_REGIMES
+from meshsched.loaders.profiles import OVERHEAD_REGIMES, load_perf_model
+from meshsched.loaders.traces import BUILTIN_TRACES, TraceError, TraceOptions, load_trace
+from meshsched.perf import DEFAULT_GPU_TYPE, UnknownProfile
 from meshsched.policies.registry import POLICIES, UnknownPolicy, make_policy, needs_models, needs_plan_models
-
-from meshsched.sim.traces import BUILTIN_TRACES, TraceError, TraceOptions, load_trace
 
 # The simulator proper (numpy, matplotlib) and rich (progress bar, table) are imported inside the command, the
 # latter only when it draws: other `mesh` commands, and --json, do without them.
@@ -61,12 +60,59 @@ def simulate_cmd(
                                       "users (meshd with use_mps and submit_users); default: any two jobs may pair."),
 ) -> None:
     """Replay a cluster trace through the scheduler engine under each policy and compare them."""
-    from meshsched.sim.loop import ClusterSpec, simulate
-    from meshsched.sim.metrics import summarise, summary_dict
-    from meshsched.sim.rules import check_policy, rules_named
+    from meshsched.sim.loop import ClusterSpec
+    from meshsched.sim.metrics import summary_dict
 
     if nodes < 1 or gpus_per_node < 1:
         fail(f"the cluster needs at least one node with at least one GPU (got --nodes {nodes} --gpus-per-node {gpus_per_node})")
+    names, rules, sharing = _policies(policy, rules_name)
+    planned = _plan_allocators(names, window, load, cluster_text)
+    try:
+        perf = _plan_perf(gpu_type) if planned else load_perf_model(overheads)
+    except UnknownProfile as e:
+        fail(str(e))
+    if planned:
+        gpu_type = perf.gpu_types[0]
+    stacks = _stacks(names, rules, perf, sharing, seed, mps_one_user)
+    cluster = _mixed_cluster(cluster_text, gpus_per_node, perf)
+    if cluster is not None:
+        gpu_type, gpus_per_node = cluster.gpu_type, cluster.largest_node
+    if gpu_type not in perf.gpu_types:
+        fail(f"unknown GPU type {gpu_type!r}; profiled: {', '.join(perf.gpu_types)}")
+    try:
+        tr = _plan_trace(trace, perf, nodes * gpus_per_node, gpus_per_node, seed, jobs) if planned else load_trace(
+            trace, perf, TraceOptions(gpu_type=gpu_type, gpus_per_node=gpus_per_node, seed=seed, load=load,
+                                      first_n=jobs, window=_window(window)))
+    except (TraceError, UnknownProfile) as e:
+        fail(str(e))
+    if cluster is None:
+        cluster = ClusterSpec(nodes, gpus_per_node, gpu_type, perf.gpu_memory_mb(gpu_type))
+    warnings = _size_warnings(tr, cluster, json_out)
+    if out is not None:  # fail before a long replay, not after it
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            fail(f"cannot create --out {out}: {e.strerror}")
+    results, summaries = _replay(names, stacks, tr, perf, cluster, rules, json_out, warnings)
+    _write_files(out, plot, results, summaries, json_out)
+    if json_out:
+        print_json(
+            {
+                "trace": tr.name, "jobs": len(tr.jobs), "seed": seed, "load": load,
+                "cluster": [{"nodes": g.nodes, "gpus_per_node": g.gpus_per_node, "gpu_type": g.gpu_type}
+                            for g in cluster.groups],
+                "overheads": overheads, "rules": rules_name.strip(), "warnings": warnings, "out": str(out) if out is not None else None,
+                "policies": [dict(summary_dict(s), sim_seconds=round(w, 2)) for s, w in summaries],
+            }
+        )  # fmt: skip
+    else:
+        _print_table(tr.name, len(tr.jobs), cluster, summaries, wide)
+
+
+def _policies(policy: str, rules_name: str) -> tuple[list[str], object, bool]:
+    """The --policy stacks' names, the simulator rules, and whether a stack shares GPUs (every stack is parsed)."""
+    from meshsched.sim.rules import rules_named
+
     names = [p.strip() for p in policy.split(",") if p.strip()]
     if not names:
         fail("--policy is empty")
@@ -75,6 +121,11 @@ def simulate_cmd(
         sharing = any(needs_models(spec) for spec in names)  # parses every stack: a bad one fails here
     except (UnknownPolicy, ValueError) as e:
         fail(str(e))
+    return names, rules, sharing
+
+
+def _plan_allocators(names: list[str], window: str | None, load: float, cluster_text: str | None) -> list[str]:
+    """The stacks that allocate with execution plans: all of them or none, and none of the options they ignore."""
     planned = [n for n in names if needs_plan_models(n)]
     if planned:
         if len(planned) != len(names):
@@ -82,48 +133,44 @@ def simulate_cmd(
                  f"with each other (rubick, sia, synergy), not with {', '.join(n for n in names if n not in planned)}")
         if window is not None or load != 1.0 or cluster_text is not None:
             fail("--window, --load and --cluster do not apply to plan allocators (their workload is the trace's "
-                 "busiest 12 hours, README: Rubick)")
-    try:
-        perf = _plan_perf(gpu_type) if planned else load_perf_model(overheads)
-    except UnknownProfile as e:
-        fail(str(e))
-    if planned:
-        gpu_type = perf.gpu_types[0]
-    from meshsched.perf.loader import load_interference
-    from meshsched.policies.stack import PolicyHandle
+                 "busiest 12 hours, docs/results/rubick.md)")
+    return planned
 
-    # Each stack is built once, before the trace is loaded, with the performance model (and overhead regime)
-    # the replay runs in; the interference predictor (XGBoost, slow to import) only for a sharing policy.
-    handle = PolicyHandle(perf, load_interference() if sharing else None, seed, one_user_per_gpu=mps_one_user)
-    stacks = {n: make_policy(n, handle) for n in names}
+
+def _stacks(names: list[str], rules, perf, sharing: bool, seed: int, mps_one_user: bool) -> dict:
+    """Each stack, built once before the trace is loaded, with the performance model (and overhead regime) the
+    replay runs in; the interference predictor (XGBoost, slow to import) only for a sharing policy."""
+    from meshsched.loaders.profiles import installed_handle
+    from meshsched.sim.rules import check_policy
+
+    handle = installed_handle(seed, sharing, mps_one_user, perf)
     try:
+        stacks = {n: make_policy(n, handle) for n in names}
         for stack in stacks.values():
             check_policy(rules, stack)
     except ValueError as e:
         fail(str(e))
-    cluster = None
-    if cluster_text is not None:
-        try:
-            cluster = ClusterSpec.parse(cluster_text, gpus_per_node, lambda t: perf.gpu_memory_mb(t) if t in perf.gpu_types else 0)
-        except ValueError as e:
-            fail(str(e))
-        for g in cluster.groups:
-            if g.gpu_type not in perf.gpu_types:
-                fail(f"unknown GPU type {g.gpu_type!r} in --cluster; profiled: {', '.join(perf.gpu_types)}")
-        gpu_type, gpus_per_node = cluster.gpu_type, cluster.largest_node
-    if gpu_type not in perf.gpu_types:
-        fail(f"unknown GPU type {gpu_type!r}; profiled: {', '.join(perf.gpu_types)}")
+    return stacks
+
+
+def _mixed_cluster(cluster_text: str | None, gpus_per_node: int, perf):
+    """The --cluster option's ClusterSpec (None without it); every GPU type in it must be profiled."""
+    from meshsched.sim.loop import ClusterSpec
+
+    if cluster_text is None:
+        return None
     try:
-        if planned:
-            tr = _plan_trace(trace, perf, nodes * gpus_per_node, gpus_per_node, seed, jobs)
-        else:
-            opts = TraceOptions(gpu_type=gpu_type, gpus_per_node=gpus_per_node, seed=seed, load=load, first_n=jobs,
-                                window=_window(window))
-            tr = load_trace(trace, perf, opts)
-    except (TraceError, UnknownProfile) as e:
+        cluster = ClusterSpec.parse(cluster_text, gpus_per_node, lambda t: perf.gpu_memory_mb(t) if t in perf.gpu_types else 0)
+    except ValueError as e:
         fail(str(e))
-    if cluster is None:
-        cluster = ClusterSpec(nodes, gpus_per_node, gpu_type, perf.gpu_memory_mb(gpu_type))
+    for g in cluster.groups:
+        if g.gpu_type not in perf.gpu_types:
+            fail(f"unknown GPU type {g.gpu_type!r} in --cluster; profiled: {', '.join(perf.gpu_types)}")
+    return cluster
+
+
+def _size_warnings(tr, cluster, json_out: bool) -> list[str]:
+    """A warning for the jobs larger than the cluster (echoed unless --json); nothing to simulate if all are."""
     too_big = sum(1 for j in tr.jobs if j.gpus > cluster.total_gpus)
     if tr.jobs and too_big == len(tr.jobs):
         fail(f"every one of the {too_big} jobs needs more than the cluster's {cluster.total_gpus} GPUs: nothing "
@@ -133,12 +180,15 @@ def simulate_cmd(
     if not json_out:
         for w in warnings:
             typer.echo(f"mesh: warning: {w}", err=True)
+    return warnings
 
-    if out is not None:  # fail before a long replay, not after it
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            fail(f"cannot create --out {out}: {e.strerror}")
+
+def _replay(names: list[str], stacks: dict, tr, perf, cluster, rules, json_out: bool,
+            warnings: list[str]) -> tuple[dict, list[tuple[object, float]]]:
+    """Each stack's replay and (summary, wall seconds); jobs refused at submit are appended to `warnings`."""
+    from meshsched.sim.loop import simulate
+    from meshsched.sim.metrics import summarise
+
     results = {}
     summaries: list[tuple[object, float]] = []
     with _progress(json_out) as bar:
@@ -161,7 +211,11 @@ def simulate_cmd(
                 warnings.append(f"{name}: {len(refused)} job(s) refused at submit, e.g. {refused[0]}")
                 if not json_out:
                     typer.echo(f"mesh: warning: {warnings[-1]}", err=True)
+    return results, summaries
 
+
+def _write_files(out: Path | None, plot: bool, results: dict, summaries: list, json_out: bool) -> None:
+    """The --out summaries and jobs CSVs, the --plot figure; their paths on stderr unless --json."""
     if out is not None:
         written = _write_outputs(out, results, summaries)
         if not json_out:
@@ -173,23 +227,11 @@ def simulate_cmd(
         plot_comparison(results, target)
         if not json_out:
             typer.echo(f"plot: {target}", err=True)  # plain: rich would wrap a long path
-    if json_out:
-        print_json(
-            {
-                "trace": tr.name, "jobs": len(tr.jobs), "seed": seed, "load": load,
-                "cluster": [{"nodes": g.nodes, "gpus_per_node": g.gpus_per_node, "gpu_type": g.gpu_type}
-                            for g in cluster.groups],
-                "overheads": overheads, "rules": rules_name.strip(), "warnings": warnings, "out": str(out) if out is not None else None,
-                "policies": [dict(summary_dict(s), sim_seconds=round(w, 2)) for s, w in summaries],
-            }
-        )  # fmt: skip
-    else:
-        _print_table(tr.name, len(tr.jobs), cluster, summaries, wide)
 
 
 def _plan_perf(gpu_type: str):
     """The plan model of `gpu_type` (the default GPU type has none: the A800 plans)."""
-    from meshsched.perf.loader import load_plan_catalog
+    from meshsched.loaders.profiles import load_plan_catalog
     from meshsched.perf.plans import PlanPerfModel
 
     return PlanPerfModel(load_plan_catalog("a800" if gpu_type == DEFAULT_GPU_TYPE else gpu_type))
@@ -197,8 +239,8 @@ def _plan_perf(gpu_type: str):
 
 def _plan_trace(trace: str, perf, gpus: int, gpus_per_node: int, seed: int, jobs: int | None):
     """The paper's workload for plan allocators (meshsched.sim.rubick_trace), as a Trace."""
-    from meshsched.sim.rubick_trace import WorkloadOptions, load_plan_trace
-    from meshsched.sim.traces import Trace
+    from meshsched.loaders.traces import Trace, load_plan_trace
+    from meshsched.sim.rubick_trace import WorkloadOptions
 
     specs = load_plan_trace(trace, perf, WorkloadOptions(jobs=jobs or 406, max_gpus=min(gpus, 64),
                                                           gpus_per_node=gpus_per_node, seed=seed))

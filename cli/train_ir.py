@@ -52,7 +52,7 @@ GRID = {"max_depth": (4, 5, 6), "min_child_weight": (1, 2), "rounds": (400, 800,
 def measured_rows(perf) -> list[tuple[tuple, list[float], float, str, tuple]]:
     """(unordered pair key, features, xi of the ordered pair's first job, gpu, that job) for every feasible measured ordered pair."""
     rows = []
-    for (gpu, ma, ba, mb, bb), xi in sorted(perf._pairs.items()):  # noqa: SLF001 - the measured table itself
+    for (gpu, ma, ba, mb, bb), xi in sorted(perf.measured_pairs().items()):
         if xi is None:
             continue
         key = tuple(sorted([(ma, ba), (mb, bb)]))

@@ -4,8 +4,8 @@ Routes: GET /v1/health, GET/POST /v1/jobs (?all=0|1; ?format=table: `mesh ls`'s 
 jobs or arrays only), GET /v1/jobs/{id}, POST /v1/jobs/{id}/cancel|hold|release|requeue (an array id: every
 task), POST /v1/jobs/cancel (many jobs by ids and filters, or --signal them), GET /v1/jobs/{id}/wait?timeout=S (until the job or every task of the array ended; long poll),
 GET /v1/jobs/{id}/logs?rank=N&offset=B, GET /v1/jobs/{id}/explain, GET /v1/nodes, GET /metrics.
-POST /v1/jobs takes job control's fields besides SubmitRequest's (daemon/jobcontrol.py): one request submits
-a whole array.
+POST /v1/jobs takes job control's fields besides SubmitRequest's (daemon/control.py): one request submits
+a whole array (daemon/submission.py).
 Errors are JSON {"error": "..."} with a 4xx status; a full disk is 507 and any other failure to write
 meshd's state 503, each with one line saying so -- never aiohttp's bare 500.
 """
@@ -25,10 +25,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from meshsched.daemon.jobcontrol import PLAIN, TERMINAL, ControlRequest
+from meshsched.daemon.control import ControlRequest
+from meshsched.daemon.journal import TERMINAL
 from meshsched.daemon import users
 from meshsched.daemon.metrics import render_metrics
-from meshsched.protocol import SubmitRequest
+from meshsched.wire.protocol import SubmitRequest
 
 DAEMON_KEY = web.AppKey("daemon", object)
 LOG_CHUNK = 1 << 20
@@ -81,12 +82,13 @@ async def submit(request: web.Request) -> web.Response:
         ctl, body = ControlRequest.split(await request.json())
         req = SubmitRequest.from_json(body)
         who = users.peer(request)
-        if ctl is PLAIN and who.operator:
-            return web.json_response(d.listings.job_view(d.submit(req, who.name)), status=201)
-        answer, status = d.control.submit(req, ctl, who.name, None if who.operator else who.uid)
+        recs = d.submission.submit(req, ctl, who.name, None if who.operator else who.uid)
     except ValueError as exc:  # RequestError, SubmitError, bad JSON, JobSpec validation
         return _error(400, str(exc))
-    return web.json_response(answer, status=status)
+    if not ctl.tasks:
+        return web.json_response(d.listings.job_view(recs[0]), status=201)
+    return web.json_response({"array_id": recs[0].array_id, "job_ids": [r.job_id for r in recs], "tasks": len(recs),
+                              "array_limit": ctl.array_limit}, status=201)
 
 
 async def show(request: web.Request) -> web.Response:

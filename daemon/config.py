@@ -23,7 +23,7 @@ Defaults (documented in docs/daemon.md):
                  when this node runs rank 0 of a job across nodes
   checkpoint_root  unset: a job's checkpoints live in its job dir; set it to storage every node mounts (a
                  mesh) and a job requeued to another node resumes from its checkpoint there
-  [coordinator]  a table of its own (or MESHD_COORDINATOR_<KEY>): `local` (default) or `etcd`, see
+  [coordinator]  a table of its own (CoordinatorConfig; or MESHD_COORDINATOR_<KEY>): `local` (default) or `etcd`, see
                  docs/coordinator.md
   node_cpus      0 = the CPUs meshd may run on (its affinity mask, else os.cpu_count()); N: the node's total
   node_memory_gb 0 = /proc/meminfo's MemTotal (GiB); X: the node's total
@@ -47,6 +47,7 @@ import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 DEFAULT_CONFIG_FILE = Path("/etc/meshsched/meshd.toml")
 ENV_PREFIX = "MESHD_"
@@ -54,6 +55,78 @@ ENV_PREFIX = "MESHD_"
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the key and its source."""
+
+
+COORDINATOR_BACKENDS = ("local", "etcd")  # meshsched.daemon.coordinator_backends opens each
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    """The `[coordinator]` keys of meshd's configuration (docs/coordinator.md)."""
+
+    backend: str = "local"  # local | etcd
+    endpoints: tuple[str, ...] = ("http://127.0.0.1:2379",)
+    ttl: int = 30  # seconds a leader key / member entry outlives its last keepalive
+    loop_wait: float = 10.0  # seconds between keepalives (and between leader-loop rounds)
+    retry_timeout: float = 10.0  # seconds one store operation may retry before it gives up
+    prefix: str = "/meshsched"  # every key of this mesh lives under it
+
+    def validate(self) -> CoordinatorConfig:
+        if self.backend not in COORDINATOR_BACKENDS:
+            raise ConfigError(f"coordinator.backend must be one of {', '.join(COORDINATOR_BACKENDS)}, "
+                              f"got {self.backend!r}")
+        check_timing(self.ttl, self.loop_wait, self.retry_timeout)
+        if not self.endpoints:
+            raise ConfigError("coordinator.endpoints is empty")
+        for url in self.endpoints:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+                raise ConfigError(f"coordinator.endpoints: {url!r} is not http(s)://HOST:PORT")
+        if not self.prefix.startswith("/") or self.prefix.endswith("/") or "//" in self.prefix:
+            raise ConfigError(f"coordinator.prefix must look like /name, got {self.prefix!r}")
+        return self
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], source: str) -> CoordinatorConfig:
+        """Parse a `[coordinator]` table (TOML or environment strings); errors name the source and key."""
+        cfg = cls()
+        known = {f for f in cls.__dataclass_fields__}
+        parsed: dict[str, Any] = {}
+        for key, value in values.items():
+            if key not in known:
+                raise ConfigError(f"{source}: unknown coordinator key {key!r}; known: {', '.join(sorted(known))}")
+            try:
+                if key == "endpoints":
+                    items = value.split(",") if isinstance(value, str) else list(value)
+                    parsed[key] = tuple(str(u).strip().rstrip("/") for u in items if str(u).strip())
+                elif key == "ttl":
+                    if isinstance(value, bool) or float(value) != int(float(value)):
+                        raise ValueError
+                    parsed[key] = int(float(value))
+                elif key in ("loop_wait", "retry_timeout"):
+                    if isinstance(value, bool):
+                        raise ValueError
+                    parsed[key] = float(value)
+                else:
+                    parsed[key] = str(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{source}: coordinator.{key} has a bad value {value!r}") from None
+        try:
+            return replace(cfg, **parsed).validate()
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+
+
+def check_timing(ttl: float, loop_wait: float, retry_timeout: float) -> None:
+    """Patroni's rule: a leader that keeps alive every loop_wait, each try retried for retry_timeout, must
+    renew its lease before it expires even when one keepalive round fails."""
+    if ttl < 2 or loop_wait <= 0 or retry_timeout <= 0:
+        raise ConfigError(f"coordinator: need ttl >= 2 s and positive loop_wait, retry_timeout (got ttl={ttl:g}, "
+                          f"loop_wait={loop_wait:g}, retry_timeout={retry_timeout:g})")
+    if loop_wait + 2 * retry_timeout > ttl:
+        raise ConfigError(f"coordinator: loop_wait + 2 * retry_timeout must be <= ttl, got {loop_wait:g} + "
+                          f"2 * {retry_timeout:g} = {loop_wait + 2 * retry_timeout:g} > {ttl:g}")
+
 
 
 def default_state_dir(env: Mapping[str, str]) -> Path:
@@ -93,7 +166,7 @@ class DaemonConfig:
     node_grace: float = 60.0  # (mesh) seconds a node may be gone before its jobs are requeued elsewhere
     mesh_address: str = ""  # (mesh) where other nodes' ranks reach this node's rank 0 (default: node_name)
     checkpoint_root: Path | None = None  # jobs' checkpoints in <root>/<job id> (default: the job's own dir)
-    coordinator: Any = None  # CoordinatorConfig; None: the embedded local coordinator
+    coordinator: CoordinatorConfig | None = None  # None: the embedded local coordinator
     node_cpus: int = 0  # the node's CPU total (0: read from the machine at startup, daemon/hostres.py)
     node_memory_gb: float = 0.0  # the node's memory total in GB (0: /proc/meminfo's MemTotal)
     reserved_cpus: int = 0  # kept for the system: jobs get the total less this
@@ -251,8 +324,6 @@ def load_config(
     for source, table in coordinator:
         merged.update(table)
     if merged:
-        from meshsched.daemon.coordinator import CoordinatorConfig
-
         cfg = replace(cfg, coordinator=CoordinatorConfig.from_mapping(merged, ", ".join(s for s, t in coordinator if t)))
     return cfg.validate()
 

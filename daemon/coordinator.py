@@ -2,9 +2,9 @@
 
 `Coordinator` is the Protocol meshd talks to. `LocalCoordinator` is the embedded default (one server, its
 own leader, records in memory); `meshsched.daemon.etcd.EtcdCoordinator` is the many-server backend.
-`open_coordinator` picks one by `CoordinatorConfig.backend`. A leadership has a term, an int that only grows
-(the leader key's create revision in etcd); a write or command carrying a term older than the current
-leader's is refused (fencing). Record keys are relative paths such as `jobs/42` or `decisions/7`.
+`coordinator_backends.open_coordinator` picks one by `CoordinatorConfig.backend` (in daemon/config.py). A
+leadership has a term, an int that only grows (the leader key's create revision in etcd); a write or command
+carrying a term older than the current leader's is refused (fencing). Record keys are relative paths such as `jobs/42` or `decisions/7`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,8 @@ import json
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
-from urllib.parse import urlsplit
-
-from meshsched.daemon.config import ConfigError
+from dataclasses import dataclass, field
+from typing import Protocol
 
 LOG = logging.getLogger("meshd.coordinator")
 
@@ -38,73 +35,6 @@ class StaleTerm(CoordinatorError):
 
 class WatchCompacted(CoordinatorError):
     """A watch asked for changes the store no longer keeps: list again and watch from the listing."""
-
-
-@dataclass(frozen=True, slots=True)
-class CoordinatorConfig:
-    """The `[coordinator]` keys of meshd's configuration (docs/coordinator.md)."""
-
-    backend: str = "local"  # local | etcd
-    endpoints: tuple[str, ...] = ("http://127.0.0.1:2379",)
-    ttl: int = 30  # seconds a leader key / member entry outlives its last keepalive
-    loop_wait: float = 10.0  # seconds between keepalives (and between leader-loop rounds)
-    retry_timeout: float = 10.0  # seconds one store operation may retry before it gives up
-    prefix: str = "/meshsched"  # every key of this mesh lives under it
-
-    def validate(self) -> CoordinatorConfig:
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"coordinator.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        check_timing(self.ttl, self.loop_wait, self.retry_timeout)
-        if not self.endpoints:
-            raise ConfigError("coordinator.endpoints is empty")
-        for url in self.endpoints:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
-                raise ConfigError(f"coordinator.endpoints: {url!r} is not http(s)://HOST:PORT")
-        if not self.prefix.startswith("/") or self.prefix.endswith("/") or "//" in self.prefix:
-            raise ConfigError(f"coordinator.prefix must look like /name, got {self.prefix!r}")
-        return self
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], source: str) -> CoordinatorConfig:
-        """Parse a `[coordinator]` table (TOML or environment strings); errors name the source and key."""
-        cfg = cls()
-        known = {f for f in cls.__dataclass_fields__}
-        parsed: dict[str, Any] = {}
-        for key, value in values.items():
-            if key not in known:
-                raise ConfigError(f"{source}: unknown coordinator key {key!r}; known: {', '.join(sorted(known))}")
-            try:
-                if key == "endpoints":
-                    items = value.split(",") if isinstance(value, str) else list(value)
-                    parsed[key] = tuple(str(u).strip().rstrip("/") for u in items if str(u).strip())
-                elif key == "ttl":
-                    if isinstance(value, bool) or float(value) != int(float(value)):
-                        raise ValueError
-                    parsed[key] = int(float(value))
-                elif key in ("loop_wait", "retry_timeout"):
-                    if isinstance(value, bool):
-                        raise ValueError
-                    parsed[key] = float(value)
-                else:
-                    parsed[key] = str(value)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{source}: coordinator.{key} has a bad value {value!r}") from None
-        try:
-            return replace(cfg, **parsed).validate()
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
-
-
-def check_timing(ttl: float, loop_wait: float, retry_timeout: float) -> None:
-    """Patroni's rule: a leader that keeps alive every loop_wait, each try retried for retry_timeout, must
-    renew its lease before it expires even when one keepalive round fails."""
-    if ttl < 2 or loop_wait <= 0 or retry_timeout <= 0:
-        raise ConfigError(f"coordinator: need ttl >= 2 s and positive loop_wait, retry_timeout (got ttl={ttl:g}, "
-                          f"loop_wait={loop_wait:g}, retry_timeout={retry_timeout:g})")
-    if loop_wait + 2 * retry_timeout > ttl:
-        raise ConfigError(f"coordinator: loop_wait + 2 * retry_timeout must be <= ttl, got {loop_wait:g} + "
-                          f"2 * {retry_timeout:g} = {loop_wait + 2 * retry_timeout:g} > {ttl:g}")
 
 
 def check_key(key: str) -> str:
@@ -327,21 +257,3 @@ class LocalCoordinator:
         self._term = None
         self._members.clear()
         self._notify()
-
-
-def _open_local(config: CoordinatorConfig, name: str) -> Coordinator:
-    return LocalCoordinator(name)
-
-
-def _open_etcd(config: CoordinatorConfig, name: str) -> Coordinator:
-    from meshsched.daemon.etcd import EtcdCoordinator
-
-    return EtcdCoordinator(config, name)
-
-
-BACKENDS: dict[str, Callable[[CoordinatorConfig, str], Coordinator]] = {"local": _open_local, "etcd": _open_etcd}
-
-
-def open_coordinator(config: CoordinatorConfig, name: str) -> Coordinator:
-    """The coordinator the configuration names (not started: call `start()`)."""
-    return BACKENDS[config.validate().backend](config, name)

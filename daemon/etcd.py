@@ -24,10 +24,10 @@ from typing import Any
 
 import aiohttp
 
+from meshsched.daemon.config import CoordinatorConfig
 from meshsched.daemon.coordinator import (
     Change,
     ChangeKind,
-    CoordinatorConfig,
     CoordinatorError,
     CoordinatorUnavailable,
     Leadership,

@@ -1,4 +1,4 @@
-"""The job socket: training processes talk to meshd in length-prefixed msgpack frames (meshsched.protocol).
+"""The job socket: training processes talk to meshd in length-prefixed msgpack frames (meshsched.wire.protocol).
 
 The peer is identified by SO_PEERCRED when the connection is accepted, before a byte is read: its pid must
 belong to a running job's session, else it gets one error frame and is closed. A message naming another job
@@ -21,7 +21,7 @@ import socket
 import struct
 from collections.abc import Awaitable, Callable
 
-from meshsched.protocol import HEADER, ProtocolError, ReportRefused, decode_body, encode_frame, frame_length
+from meshsched.wire.protocol import HEADER, ProtocolError, ReportRefused, decode_body, encode_frame, frame_length
 
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
 FRAME_TIMEOUT = 10.0  # seconds for the rest of a frame once its first byte arrived
@@ -73,10 +73,10 @@ async def start_job_socket(daemon) -> Callable[[], Awaitable[None]]:
 
     server = await asyncio.start_unix_server(serve, path=str(path))
     os.chmod(path, 0o666)  # any local process may connect; SO_PEERCRED decides what it may say
-    daemon.nudge = nudge
+    daemon.channel.nudge = nudge
 
     async def close() -> None:
-        daemon.nudge = lambda job_id: None
+        daemon.channel.nudge = lambda job_id: None
         server.close()
         for w in list(conns):
             w.close()

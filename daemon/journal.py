@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from meshsched.state import JobState
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (
@@ -34,6 +36,9 @@ CREATE TABLE IF NOT EXISTS transitions (
 );
 CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job_id);
 """
+
+TERMINAL = frozenset(s.value for s in JobState if s.is_terminal)  # a record's state: the job has ended
+HOLDING = frozenset(s.value for s in JobState if s.holds_gpus)  # a record's state: the job holds its GPUs
 
 
 @dataclass(slots=True)
@@ -76,7 +81,7 @@ class JobRecord:
     cancelling: bool = False  # a cancel was asked for: CANCELLED once every process of the job is gone
     cancel_proposed: bool = False  # (mesh) this node proposed a cancel: proposed again after a restart until done
     self_preempts: int = 0  # exits with the resumable code that no preemption asked for
-    # job control (daemon/jobcontrol.py)
+    # job control (daemon/control.py)
     array_id: str = ""  # the array it is a task of; its job_id is ARRAY_TASK
     array_task: int | None = None
     array_limit: int = 0  # at most this many tasks of its array queued or running at once (0: no limit)

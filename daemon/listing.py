@@ -15,21 +15,47 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import fields
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
+from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.confine import format_cpus
-from meshsched.daemon.jobcontrol import HOLDING
-from meshsched.daemon.journal import JobRecord
-from meshsched.jobtable import JOBS_HEADER, columns, jobs_row
+from meshsched.daemon.gpus import GpuBackend
+from meshsched.daemon.hostres import HostResources
+from meshsched.daemon.journal import HOLDING, JobRecord, Journal
+from meshsched.daemon.launcher import Launcher
+from meshsched.daemon.mps import MpsManager
+from meshsched.engine import Engine
+from meshsched.wire.jobtable import JOBS_HEADER, columns, jobs_row
+
+if TYPE_CHECKING:  # for the type only: daemon.mesh loads the etcd coordinator, which one server never needs
+    from meshsched.daemon.mesh import MeshLink
 
 PRIVATE = ("command", "cwd", "job_dir", "output", "error", "rank_reports")  # not listed to other users
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps(..., separators) makes one a call
 _VIEW_FIELDS = tuple(f.name for f in fields(JobRecord) if f.name != "env")  # the API's job view
 
 
+@dataclass(frozen=True, slots=True)
+class ListingContext:
+    """What Listings reads of its node."""
+
+    config: DaemonConfig  # node_name
+    records: dict[str, JobRecord]
+    engine: Engine  # live figures, pending reasons, the policy's name, GPUs and nodes
+    journal: Journal  # its write count and per-job stamps (the caches' keys)
+    throughput: dict[str, dict[int, dict]]  # job -> rank -> latest report (JobChannel's)
+    gpus: GpuBackend
+    host: HostResources
+    launcher: Launcher  # its confiner's view
+    mps: MpsManager
+    mesh: MeshLink | None  # (leader, view) None on one server
+    started_at: float  # when meshd started (its uptime)
+
+
 class Listings:
-    def __init__(self, daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, ctx: ListingContext) -> None:
+        self.ctx = ctx
         self._at = {"rows": -1, "views": -1}  # the journal's write count when each cache was last checked
         # per cache, job -> (key, {slot: its piece}); rows: one slot (the table row); views: the encoded view
         # for its owner or an operator ("own") and the same without PRIVATE ("public")
@@ -37,14 +63,14 @@ class Listings:
 
     def _unchanged(self, cache: str) -> bool:
         """Nothing was written since `cache` was last checked (every piece in it holds)."""
-        writes = self.daemon.journal.writes
+        writes = self.ctx.journal.writes
         same, self._at[cache] = writes == self._at[cache], writes
         return same
 
     def _key(self, rec) -> tuple | None:
         """What a job's piece depends on besides the clock: its record's stamp and, while it is queued, its pending
         reason. None: the piece moves with the clock (never cached)."""
-        d = self.daemon
+        d = self.ctx
         if (rec.start_time is not None and rec.end_time is None) or rec.job_id in d.throughput:
             return None
         job = d.engine.state.jobs.get(rec.job_id)
@@ -91,7 +117,7 @@ class Listings:
 
     def brief(self, rec, now: float) -> dict:
         """job_view's squeue columns only: the same values at a fraction of the cost."""
-        d = self.daemon
+        d = self.ctx
         job, start = d.engine.state.jobs.get(rec.job_id), rec.start_time
         queued = job is not None and job.state.is_queued
         holds = job is not None and job.state.holds_gpus
@@ -106,7 +132,7 @@ class Listings:
     def job_view(self, rec: JobRecord, now: float | None = None) -> dict:
         """A job as the API shows it (`mesh show`, `mesh ls --json`): its record but the env, with the engine's
         live figures."""
-        d = self.daemon
+        d = self.ctx
         now = time.time() if now is None else now
         out = {k: getattr(rec, k) for k in _VIEW_FIELDS}
         job = d.engine.state.jobs.get(rec.job_id)
@@ -135,11 +161,11 @@ class Listings:
 
     def partners(self, job) -> list[str]:
         """The jobs sharing any of `job`'s GPUs (its colocation set)."""
-        gpus = self.daemon.engine.state.gpus
+        gpus = self.ctx.engine.state.gpus
         return sorted({o for g in job.gpus for o in gpus[g].jobs if o != job.job_id}, key=_id_key)
 
     def node_view(self) -> dict:
-        d = self.daemon
+        d = self.ctx
         inv = d.gpus.inventory()
         readings = {r.index: r for r in d.gpus.readings()}
         state = d.engine.state
@@ -167,7 +193,7 @@ class Listings:
 
     def nodes_view(self) -> list[dict]:
         """This node in full; in a mesh, every other node as the shared engine state knows it."""
-        d = self.daemon
+        d = self.ctx
         here = self.node_view()
         if d.mesh is None:
             return [here]

@@ -15,30 +15,45 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import time
 from collections import deque
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from meshsched import events as ev
-from meshsched.daemon.coordinator import Coordinator, CoordinatorConfig, CoordinatorError, ChangeKind, Member, StaleTerm
+from meshsched.daemon.config import CoordinatorConfig
+from meshsched.daemon.coordinator import Coordinator, CoordinatorError, ChangeKind, Member, StaleTerm
 from meshsched.daemon.eventlog import Entry, LogError, index_of, log_key
+from meshsched.daemon.mesh_node import MeshReplica
+from meshsched.state import Node
 
 LOG = logging.getLogger("meshd.mesh")
 
 
+@dataclass(frozen=True, slots=True)
+class LinkContext:
+    """What MeshLink uses of its node."""
+
+    node: str  # this node's name
+    address: str  # where its ranks are reached (its NodeJoined entry says it)
+    gpu_names: tuple[str, ...]  # its GPUs, as its member entry lists them
+    applied: int  # the log index up to which this node's journal has carried out the actions
+    nodes: Callable[[], dict[str, Node]]  # the engine's nodes (the leader declares the missing ones lost)
+    addresses: dict[str, str]  # node -> where its ranks are reached (filled from the log's NodeJoined entries)
+
+
 class MeshLink:
-    def __init__(self, daemon, replica, coordinator: Coordinator, config: CoordinatorConfig,
+    def __init__(self, ctx: LinkContext, replica: MeshReplica, coordinator: Coordinator, config: CoordinatorConfig,
                  node_grace: float) -> None:
-        self.daemon = daemon
-        self.replica = replica  # the node's side of the log (daemon.mesh_node.MeshReplica): applies its entries
+        self.ctx = ctx
+        self.replica = replica  # the node's side of the log: applies its entries
         self.coord = coordinator
         self.config = config
-        self.node = daemon.config.node_name
+        self.node = ctx.node
         self.node_grace = node_grace
         self.position = 0  # the engine has applied the log up to here
-        self.durable = daemon.journal.applied()  # actions carried out up to here (journaled)
+        self.durable = ctx.applied  # actions carried out up to here (journaled)
         self.synced = False  # the log has been replayed since this meshd started
         self.term: int | None = None
         self.leader: str | None = None
@@ -53,7 +68,7 @@ class MeshLink:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_action = None  # the engine's latest ScheduleTimer: the leader arms it
         self._last_error = ""
-        self.addresses: dict[str, str] = {}  # node -> where its ranks are reached (from its NodeJoined entry)
+        self.addresses = ctx.addresses  # node -> where its ranks are reached (from its NodeJoined entry)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -99,9 +114,7 @@ class MeshLink:
 
     async def _run(self) -> None:
         await self._retry(self.coord.start)
-        inv = self.daemon.gpus.inventory()
-        address = self.daemon.config.mesh_address or self.node
-        await self._retry(lambda: self.coord.register(Member(self.node, address, tuple(g.name for g in inv))))
+        await self._retry(lambda: self.coord.register(Member(self.node, self.ctx.address, self.ctx.gpu_names)))
         revision = await self._retry(self._catch_up)
         self.synced = True
         self.replica.synced()
@@ -150,6 +163,8 @@ class MeshLink:
         if seq:
             self._last_seq[node] = seq
         self.position = index
+        if isinstance(entry.event, ev.NodeJoined) and entry.event.node.address:
+            self.addresses[entry.event.node.name] = entry.event.node.address
         self.replica.apply_entry(entry, index, act=index > self.durable)
         self.durable = max(self.durable, index)
 
@@ -189,7 +204,7 @@ class MeshLink:
             self.leaderships += 1
             self.first_decision, self.led_since = None, time.time()
             LOG.info("mesh: %s leads (term %d)", self.node, term)
-            self.replica.leadership_changed()
+            self.replica.leadership_changed(self.leader)
             sequencer = self._spawn(self._sequence(term))
             watcher = self._spawn(self._watch_members(term))
             try:
@@ -203,7 +218,7 @@ class MeshLink:
                 self._disarm()
                 self.term, self.leader = None, None
                 LOG.warning("mesh: %s no longer leads (term %d)", self.node, term)
-                self.replica.leadership_changed()
+                self.replica.leadership_changed(self.leader)
 
     async def _leader_name(self) -> str | None:
         try:
@@ -254,7 +269,7 @@ class MeshLink:
             except CoordinatorError:
                 continue
             now = time.monotonic()
-            for name, node in self.daemon.engine.state.nodes.items():
+            for name, node in self.ctx.nodes().items():
                 if not node.alive or name in present:
                     missing.pop(name, None)
                     continue
@@ -289,10 +304,3 @@ class MeshLink:
                 "log_position": self.position, "outbox": len(self._outbox), "leaderships": self.leaderships,
                 "led_since": self.led_since, "first_decision": self.first_decision}
 
-
-def record_payload(rec) -> dict:
-    """What other nodes need of a job record to list and launch it (never its token-scrubbed env twice)."""
-    out = json.loads(rec.to_json())
-    for key in ("supervisor_pid", "supervisor_start", "state", "reason", "cancel_proposed"):
-        out.pop(key, None)
-    return out

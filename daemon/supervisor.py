@@ -39,7 +39,7 @@ from pathlib import Path
 
 from meshsched.daemon.confine import join_cgroup, oom_kills
 from meshsched.daemon.procs import children, kill_all, session_members
-from meshsched.exitcodes import PREEMPTED_EXIT_CODE
+from meshsched.wire.exitcodes import PREEMPTED_EXIT_CODE
 
 TAIL_LINES = 5
 PR_SET_PDEATHSIG = 1

@@ -42,7 +42,7 @@ from pathlib import Path  # noqa: E402
 
 from meshsched import job  # noqa: E402
 from meshsched.job.checkpoint import State  # noqa: E402
-from meshsched.perf.loader import load_perf_model  # noqa: E402
+from meshsched.loaders.profiles import load_perf_model  # noqa: E402
 
 DEFAULT_XI = 2.0
 
@@ -198,7 +198,7 @@ class Interference:
         if not partners:
             return 1.0
         if self._model is None:
-            from meshsched.perf.loader import load_interference
+            from meshsched.loaders.profiles import load_interference
 
             self._model = load_interference()
         worst = 1.0

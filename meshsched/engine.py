@@ -2,32 +2,28 @@
 
 One small handler per event type; after each event the policy gets one scheduling pass and every
 decision is recorded, with its stimulus and reason, in a bounded log (what `mesh explain` prints).
+Beside the cycle: job control (`jobcontrol`), admission (`admission`), the wait queue (`waitqueue`) and the
+one timer (`timers`). `take_changed()` names the jobs changed since it was last called (what meshd mirrors).
 Nothing here reads a clock or does I/O: `now` is passed in.
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from meshsched import admission
 from meshsched import events as ev
-from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
-from meshsched.estimate import StepTimeEstimator
-from meshsched.perf.placement import ideal_placement
+from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure
+from meshsched.estimate import StepTimeEstimator, ideal_step_time, step_time_where
+from meshsched.jobcontrol import TIME_LIMIT, JobControl, QueueHooks, controlled
 from meshsched.policies import base as pb
 from meshsched.policies.base import ClusterView, Defer, Evict, Remember, RequestFit, Start, Trigger, Wait
 from meshsched.policies.stack import PolicyStack
 from meshsched.state import ClusterState, ExecConfig, Job, JobSpec, JobState
-
-HELD = "JobHeldUser"  # Slurm's pending reasons for jobs kept out of the queue
-DEPENDENCY = "Dependency"
-ARRAY_LIMIT = "JobArrayTaskLimit"
-BEGIN = "BeginTime"
-NEVER = "DependencyNeverSatisfied"
-TIME_LIMIT = "TimeLimit"
+from meshsched.timers import Timers
+from meshsched.waitqueue import WaitQueue
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,29 +47,16 @@ class Engine:
         self.estimator = estimator
         self.state = state or ClusterState()
         self.log: deque[LogEntry] = deque(maxlen=log_size)
-        self._queue: list[tuple[tuple, int, str]] = []  # sorted by (policy key, arrival seq)
-        self._needs: list[int] = []  # GPUs asked for, in `_queue` order (a policy sums a prefix: ClusterView)
-        self._qkey: dict[str, tuple[tuple, int]] = {}
-        self._queued_gpus: Counter[int] = Counter()
+        self.waiting = WaitQueue()  # the policy's queue (jobs job control keeps out are not in it)
         self._active: dict[str, Job] = {}  # jobs holding GPUs
-        self._seq = 0
-        self._timer_at: float | None = None
-        self._timer_key = 0
-        self._deferred: dict[str, float] = {}  # queued job -> until when a preemption layer deferred it
+        self.timers = Timers()  # the one timer the engine arms: the policy's, deferrals, job control's times
         self._recalibrate: dict[str, None] = {}  # jobs whose packing set changed in this event (calibration layer)
         self.memory: object | None = None  # the preemption layer's memory (a frozen value, `Remember`)
         self.model: object | None = None  # the latest model a RequestFit produced (ModelFitted); derived, not durable
-        # job control (Slurm's hold, dependencies, array throttle, time limits): queued jobs kept out of the
-        # policy's queue, with why; none of it exists for jobs submitted without those options
-        self._blocked: dict[str, str] = {}  # job -> reason it is not in `_queue` (HELD, DEPENDENCY, ARRAY_LIMIT)
-        self._dependents: dict[str, set[str]] = {}  # job -> jobs whose dependencies name it
-        self._array_play: dict[str, set[str]] = {}  # throttled array -> its tasks queued or holding GPUs
-        self._array_waiting: dict[str, deque[str]] = {}  # throttled array -> tasks waiting for a slot, in order
-        self._ended: list[Job] = []  # jobs that ended in this event (their dependents and arrays are settled)
-        self._limits: dict[str, float] = {}  # job holding GPUs -> when its run exceeds its time limit
-        self._begins: dict[str, float] = {}  # job kept out until its begin time -> that time
-        self._policy_at: float | None = None  # when the policy's own timer is due
-        self.settled: list[str] = []  # jobs job control moved in the last `handle` besides the event's own
+        self._changed: dict[str, None] = {}  # jobs changed since the last `take_changed`, in order
+        # job control (Slurm's hold, dependencies, arrays, begin times, time limits) beside the cycle
+        self.control = JobControl(self.state, QueueHooks(self._enqueue, self._dequeue, self._begin_pause, self._log,
+                                                         self._ignore, self._mark))
         self._handlers: dict[type, Callable[[ev.Event, float, list[Action]], Trigger | None]] = {
             ev.JobSubmitted: self._on_submitted,
             ev.JobStarted: self._on_started,
@@ -93,9 +76,9 @@ class Engine:
             ev.RankReport: self._on_rank_report,
             ev.TotalDeclared: self._on_total_declared,
             ev.ModelFitted: self._on_model_fitted,
-            ev.HoldRequested: self._on_hold,
-            ev.ReleaseRequested: self._on_release,
-            ev.RequeueRequested: self._on_requeue,
+            ev.HoldRequested: self.control.on_hold,
+            ev.ReleaseRequested: self.control.on_release,
+            ev.RequeueRequested: self.control.on_requeue,
         }
 
     # ---------------------------------------------------------------- entry point
@@ -104,47 +87,58 @@ class Engine:
         actions: list[Action] = []
         if type(event) is not ev.JobSubmitted:
             # the event's job may have moved or reported progress (None: anything may have changed)
-            self.state.touch(getattr(event, "job_id", None))
-        if self.settled:
-            self.settled = []
+            job_id = getattr(event, "job_id", None)
+            self.state.touch(job_id)
+            if job_id in self.state.jobs:
+                self._mark(job_id)
+        control = self.control
         trigger = self._handlers[type(event)](event, now, actions)
-        if self._ended and self._settle(now, event.stimulus_id, actions) and trigger is None:
+        if control.ended and control.settle(now, event.stimulus_id) and trigger is None:
             trigger = Trigger.RELEASE  # jobs whose dependencies were met joined the queue
         if trigger is not None:
             job_id = event.spec.job_id if type(event) is ev.JobSubmitted else None
             self._schedule(trigger, now, event.stimulus_id, actions, job_id)
         if self._recalibrate:
             self._calibrate_sharers(now, event.stimulus_id, actions)
-        self._arm_timer(now, actions, passed=trigger is not None)
+        timer = self.timers.arm(self.policy.next_timer(self.view(), now), control.next_due(), now, trigger is not None)
+        if timer is not None:
+            actions.append(timer)
         return actions
+
+    def take_changed(self) -> list[str]:
+        """The ids of every job the engine changed (state, reason, placement, exec config, held, progress) since
+        the last call, each once, in the order first changed; the job an event names counts as changed by it."""
+        out = list(self._changed)
+        self._changed.clear()
+        return out
 
     # ---------------------------------------------------------------- queries
 
     def view(self, arrived: str | None = None) -> ClusterView:
-        return ClusterView(self.state, self._queue, self._active, self._queued_gpus, arrived, self.memory, self.model,
-                           self._needs, self._qkey)
+        w = self.waiting
+        return ClusterView(self.state, w.entries, self._active, w.sizes, arrived, self.memory, self.model, w.needs,
+                           w.keys)
 
     def queued(self) -> Iterator[Job]:
         return self.view().queue()
 
     @property
     def queue_length(self) -> int:
-        return len(self._queue)
+        return len(self.waiting)
 
     def pending_reason(self, job_id: str) -> str:
         """Slurm-style reason a queued job is not running: Unschedulable, Resources, Priority, or the policy's."""
         job = self.state.jobs[job_id]
         if not job.state.is_queued:
             return ""
-        if job_id in self._blocked:
-            return self._blocked[job_id]
+        blocked = self.control.blocked.get(job_id)
+        if blocked is not None:
+            return blocked
         if job.spec.gpus > self.state.total_gpus:
             return f"Unschedulable (needs {job.spec.gpus} GPUs, cluster has {self.state.total_gpus})"
         if job.reason:
             return job.reason
-        pos = bisect.bisect_left(self._queue, self._qkey[job_id])
-        ahead = any(self.state.jobs[j].spec.gpus <= self.state.total_gpus
-                    for _, _, j in itertools.islice(self._queue, pos))  # no copy of the queue's head per job
+        ahead = any(self.state.jobs[j].spec.gpus <= self.state.total_gpus for j in self.waiting.ahead(job_id))
         return "Priority" if ahead else "Resources"
 
     def explain(self, job_id: str) -> list[LogEntry]:
@@ -158,7 +152,7 @@ class Engine:
             raise ValueError(f"job {spec.job_id} already exists")
         job = Job(spec, ideal_step_time=self._ideal_step_time(spec), since=now, progress_time=now)
         self.state.jobs[spec.job_id] = job
-        refused = self.admission_error(spec)
+        refused = admission.refusal(self.state, self.policy, self.view(), spec)  # GPUs: a node may join
         if refused is not None:  # it could never run: fail it now rather than queue it for ever
             job.transition(JobState.FAILED, now)
             job.reason = f"refused: {refused}"
@@ -166,26 +160,17 @@ class Engine:
             self._log(now, e.stimulus_id, job, job.reason)
             return None
         self._log(now, e.stimulus_id, job, f"submitted: {spec.gpus} GPU(s), model {spec.model}")
-        if e.held or _controlled(spec):
+        if e.held or controlled(spec):
             job.held = e.held
-            return Trigger.ARRIVAL if self._admit(job, now, e.stimulus_id) else None
+            return Trigger.ARRIVAL if self.control.admit(job, now, e.stimulus_id) else None
         self._enqueue(job)
         return Trigger.ARRIVAL
 
-    def admission_error(self, spec) -> str | None:
-        """Why a job could never run here (one line), or None: more CPUs or host memory per node than any live
-        node has, or what the policy stack refuses (an infeasible plan, a guarantee over the tenant's quota)."""
-        nodes = [n for n in self.state.nodes.values() if n.alive]
-        for what, asked, have in (("CPUs", spec.cpus, lambda n: n.cpus), ("GB of memory", spec.memory_gb,
-                                                                          lambda n: n.host_memory_gb)):
-            if asked is None or not nodes:
-                continue
-            per_gpu = asked / spec.gpus
-            if not any(per_gpu * min(spec.gpus, n.size) <= have(n) + 1e-9 for n in nodes):
-                most = max(have(n) for n in nodes)
-                return (f"asks for {asked:g} {what} over {spec.gpus} GPU(s) ({per_gpu:g} per GPU); no node has "
-                        f"that many for its share (the most a node has is {most:g})")
-        return self.policy.admission_error(self.view(), spec)
+    def admission_error(self, spec: JobSpec) -> str | None:
+        """Why a job could never run here (one line), or None, asked before it is given an id (meshd): more GPUs
+        than the live nodes have, more CPUs or host memory per node than any has, or what the policy stack
+        refuses (an infeasible plan, a guarantee over the tenant's quota). See meshsched.admission."""
+        return admission.admission_error(self.state, self.policy, self.view(), spec)
 
     def _on_started(self, e: ev.JobStarted, now: float, actions: list[Action]) -> Trigger | None:
         job = self.state.jobs.get(e.job_id)
@@ -226,7 +211,7 @@ class Engine:
         job.exec = e.exec
         if job.exec_pending == e.exec:
             job.exec_pending = None
-        self._log(now, e.stimulus_id, job, f"now trains as {_fmt_exec(e.exec)}")
+        self._log(now, e.stimulus_id, job, f"now trains as {e.exec.describe()}")
         return None
 
     def _calibrate(self, job: Job, now: float, stimulus: str, actions: list[Action]) -> None:
@@ -250,15 +235,16 @@ class Engine:
             raise ValueError(f"policy reconfigured {job.job_id} which is {job.state.value}")
         if d.memo is not None:
             job.calibration = d.memo
+            self._mark(job.job_id)
         current = job.exec_pending or job.exec or ExecConfig.default_for(job.spec)
         if d.exec == current:
             return
         if d.exec.per_gpu_batch != current.per_gpu_batch and d.exec.plan == current.plan:
-            raise ValueError(f"policy reconfigured {job.job_id} to {_fmt_exec(d.exec)}: the per-GPU batch per step "
+            raise ValueError(f"policy reconfigured {job.job_id} to {d.exec.describe()}: the per-GPU batch per step "
                              f"would change from {current.per_gpu_batch} (the global batch is fixed)")
         job.exec_pending = d.exec
         actions.append(Reconfigure(job.job_id, d.exec, current.needs_restart(d.exec)))
-        self._log(now, stimulus, job, f"reconfigure to {_fmt_exec(d.exec)}: {d.reason}")
+        self._log(now, stimulus, job, f"reconfigure to {d.exec.describe()}: {d.reason}")
 
     def _on_paused(self, e: ev.JobPaused, now: float, actions: list[Action]) -> Trigger | None:
         job = self.state.jobs.get(e.job_id)
@@ -271,11 +257,8 @@ class Engine:
         if done >= job.spec.iterations:
             self._complete(job, now, e.stimulus_id, "finished while pausing")
         elif job.timing_out:
-            job.transition(JobState.TIMEOUT, now)
-            job.reason = TIME_LIMIT
-            job.acct.finish_time = now
-            self._ended.append(job)
-            self._log(now, e.stimulus_id, job, f"time limit reached; stopped at {done:.0f}/{job.spec.iterations}")
+            self._end(job, JobState.TIMEOUT, TIME_LIMIT, now, e.stimulus_id,
+                      f"time limit reached; stopped at {done:.0f}/{job.spec.iterations}")
         else:
             job.transition(JobState.PREEMPTED, now)
             self._enqueue(job)
@@ -303,11 +286,7 @@ class Engine:
         else:
             if job.state.is_queued:
                 self._dequeue(job)
-            job.transition(JobState.FAILED, now)
-            job.reason = e.reason
-            job.acct.finish_time = now
-            self._ended.append(job)
-            self._log(now, e.stimulus_id, job, f"failed: {e.reason}")
+            self._end(job, JobState.FAILED, e.reason, now, e.stimulus_id, f"failed: {e.reason}")
         return Trigger.RELEASE if held else None
 
     def _on_cancel(self, e: ev.CancelRequested, now: float, actions: list[Action]) -> Trigger | None:
@@ -320,11 +299,7 @@ class Engine:
             self._release(job, now)
         else:
             self._dequeue(job)
-        job.transition(JobState.CANCELLED, now)
-        job.reason = "cancelled"
-        job.acct.finish_time = now
-        self._ended.append(job)
-        self._log(now, e.stimulus_id, job, "cancelled")
+        self._end(job, JobState.CANCELLED, "cancelled", now, e.stimulus_id, "cancelled")
         return Trigger.RELEASE if held else None
 
     def _on_node_joined(self, e: ev.NodeJoined, now: float, actions: list[Action]) -> Trigger | None:
@@ -347,13 +322,13 @@ class Engine:
         return Trigger.RELEASE
 
     def _on_tick(self, e: ev.Tick, now: float, actions: list[Action]) -> Trigger | None:
-        if e.key != self._timer_key or self._timer_at is None:
+        if not self.timers.fired(e.key):
             self._log(now, e.stimulus_id, None, f"ignored Tick {e.key} (superseded timer)")
             return None
-        self._timer_at = None
-        expired = bool(self._limits) and self._expire_limits(now, e.stimulus_id, actions)
-        begun = bool(self._begins) and self._begin_due(now, e.stimulus_id)
-        if (expired or begun) and not self._policy_due(now):
+        control = self.control
+        expired = bool(control.limits) and control.expire_limits(now, e.stimulus_id, actions)
+        begun = bool(control.begins) and control.begin_due(now, e.stimulus_id)
+        if (expired or begun) and not self.timers.policy_due(now):
             # only job control's times were due: jobs whose begin time came get a pass; the pauses of jobs
             # past their time limit free their GPUs and start one when they land
             return Trigger.RELEASE if begun else None
@@ -375,8 +350,9 @@ class Engine:
                 actions.append(FitModel(d.fit, d.request))
                 continue
             job = jobs[d.job_id]
-            if self._blocked and d.job_id in self._blocked:  # a policy that found it by its state (a Lazer
-                self._log(now, stimulus, job, f"ignored {kind.__name__}: {self._blocked[d.job_id]}")  # deferral)
+            blocked = self.control.blocked
+            if blocked and d.job_id in blocked:  # a policy that found it by its state (a Lazer deferral)
+                self._log(now, stimulus, job, f"ignored {kind.__name__}: {blocked[d.job_id]}")
                 continue
             if isinstance(d, Start):
                 if not job.state.is_queued:
@@ -389,9 +365,7 @@ class Engine:
                 job.exec = d.exec or ExecConfig.default_for(job.spec)
                 job.exec_pending = None
                 self._active[job.job_id] = job
-                if job.spec.time_limit is not None:
-                    job.time_limit_at = now + job.spec.time_limit
-                    self._limits[job.job_id] = job.time_limit_at
+                self.control.started(job, now)
                 if job.acct.first_start is None:
                     job.acct.first_start = now
                 actions.append(Launch(job.job_id, d.gpus, job.checkpoint_iterations, job.restarts, job.exec))
@@ -409,7 +383,9 @@ class Engine:
                 actions.append(Preempt(job.job_id))
                 self._log(now, stimulus, job, d.reason)
             elif isinstance(d, Wait):
-                job.reason = d.reason
+                if job.reason != d.reason:
+                    job.reason = d.reason
+                    self._mark(job.job_id)
             elif isinstance(d, Defer):
                 if not job.state.is_queued:
                     raise ValueError(f"policy deferred {job.job_id} which is {job.state.value}")
@@ -417,62 +393,26 @@ class Engine:
                     raise ValueError(f"policy deferred {job.job_id} to {d.until}, not after now ({now})")
                 job.deferred_until = d.until
                 job.reason = d.reason
-                self._deferred[job.job_id] = d.until
+                self.timers.deferred[job.job_id] = d.until
                 self._log(now, stimulus, job, f"deferred {d.until - now:.1f}s: {d.reason}")
             elif isinstance(d, pb.Reconfigure):
                 self._reconfigure(d, now, stimulus, actions)
             else:
                 raise TypeError(f"policy returned {d!r}, which is no decision")
 
-    def _arm_timer(self, now: float, actions: list[Action], passed: bool) -> None:
-        at = self._policy_at = self.policy.next_timer(self.view(), now)
-        for times in (self._limits, self._begins):
-            if times:
-                first = min(times.values())
-                at = first if at is None else min(at, first)
-        if self._deferred:
-            if passed:  # a deferral that ran out was seen by the pass that just ran; else its pass is still due
-                for job_id in [j for j, t in self._deferred.items() if t <= now]:
-                    del self._deferred[job_id]
-            if self._deferred:
-                first = min(self._deferred.values())
-                at = first if at is None else min(at, first)
-        if at is None:
-            self._timer_at = None
-            return
-        at = max(at, now)
-        if at != self._timer_at:
-            self._timer_key += 1
-            self._timer_at = at
-            actions.append(ScheduleTimer(at, self._timer_key))
-
     # ---------------------------------------------------------------- helpers
 
     def _enqueue(self, job: Job) -> None:
-        self._seq += 1
-        key = (self.policy.queue_key(job), self._seq)
-        self._qkey[job.job_id] = key
-        entry = (key[0], key[1], job.job_id)
-        i = bisect.bisect_right(self._queue, entry)
-        self._queue.insert(i, entry)
-        self._needs.insert(i, job.spec.gpus)
-        self._queued_gpus[job.spec.gpus] += 1
+        self.waiting.add(job.job_id, self.policy.queue_key(job), job.spec.gpus)
 
     def _dequeue(self, job: Job) -> None:
-        if self._blocked and self._blocked.pop(job.job_id, None) is not None:
+        blocked = self.control.blocked
+        if blocked and blocked.pop(job.job_id, None) is not None:
             return  # it was kept out of the queue
         if job.deferred_until is not None:
             job.deferred_until = None
-            self._deferred.pop(job.job_id, None)
-        key, seq = self._qkey.pop(job.job_id)
-        i = bisect.bisect_left(self._queue, (key, seq))
-        del self._queue[i]
-        del self._needs[i]
-        n = self._queued_gpus[job.spec.gpus] - 1
-        if n:
-            self._queued_gpus[job.spec.gpus] = n
-        else:
-            del self._queued_gpus[job.spec.gpus]
+            self.timers.deferred.pop(job.job_id, None)
+        self.waiting.remove(job.job_id, job.spec.gpus)
 
     def _begin_pause(self, job: Job, now: float) -> None:
         """Stop counting `job`'s progress and move it to PAUSING (the caller sends the Preempt)."""
@@ -500,13 +440,16 @@ class Engine:
                 p.done_iterations = p.iterations_at(now)
                 p.progress_time = p.rate_since = now
                 self.state.touch(other)
+                self._mark(other)
                 alone = all(set(gpus[h].jobs) <= {me, other} for h in p.gpus)
                 if stopped and alone and (p.exec is None or p.exec.plan is None):
                     p.step_time = self._estimate(p)
 
     def _estimate(self, job: Job) -> float:
-        """The estimator's step time of `job` alone where it runs, at its micro-batch and accumulation."""
-        return self.estimator.step_time(job.spec, self._gpu_type(job), self._shape(job.gpus), job.exec)
+        return step_time_where(self.estimator, self.state, job)
+
+    def _ideal_step_time(self, spec: JobSpec) -> float:
+        return ideal_step_time(self.estimator, self.state, spec)
 
     def _release(self, job: Job, now: float) -> None:
         if job.state is JobState.RUNNING:  # (a PAUSING job stopped training when it began to pause)
@@ -519,17 +462,19 @@ class Engine:
         self.state.release(job.job_id, job.gpus)
         job.gpus = ()
         self._active.pop(job.job_id, None)
-        if job.time_limit_at is not None:
-            job.time_limit_at = None
-            self._limits.pop(job.job_id, None)
+        self.control.released(job)
 
     def _complete(self, job: Job, now: float, stimulus: str, message: str) -> None:
         if job.state is JobState.LOADING:  # its JobStarted was lost or overtaken: it did start
             job.transition(JobState.RUNNING, now)
-        job.transition(JobState.COMPLETED, now)
+        self._end(job, JobState.COMPLETED, "", now, stimulus, message)
+
+    def _end(self, job: Job, state: JobState, reason: str, now: float, stimulus: str, message: str) -> None:
+        """`job` reached terminal `state`: job control then settles what waited on it (`JobControl.settle`)."""
+        job.transition(state, now)
+        job.reason = reason
         job.acct.finish_time = now
-        job.reason = ""
-        self._ended.append(job)
+        self.control.ended.append(job)
         self._log(now, stimulus, job, message)
 
     def _requeue_from_checkpoint(self, job: Job, now: float, stimulus: str, why: str) -> None:
@@ -545,22 +490,16 @@ class Engine:
         return None
 
     def _log(self, now: float, stimulus: str, job: Job | None, message: str) -> None:
-        self.log.append(LogEntry(now, stimulus, job.job_id if job else "", message))
+        """Record a decision or change; a job logged about is a job changed (`take_changed`)."""
+        if job is None:
+            self.log.append(LogEntry(now, stimulus, "", message))
+            return
+        self._changed[job.job_id] = None
+        self.log.append(LogEntry(now, stimulus, job.job_id, message))
 
-    def _gpu_type(self, job: Job) -> str:
-        return self.state.gpus[job.gpus[0]].gpu_type
-
-    def _shape(self, gpus: tuple[int, ...]) -> tuple[int, ...]:
-        per_node = Counter(self.state.gpus[g].node for g in gpus)
-        return tuple(sorted(per_node.values(), reverse=True))
-
-    def _ideal_step_time(self, spec) -> float:
-        """Alone on a compact placement of the fastest GPU type among the live nodes."""
-        state = self.state
-        if not state.total_gpus:
-            return self.estimator.step_time(spec, "", (spec.gpus,))
-        placement = ideal_placement(spec.gpus, state.largest_node)
-        return min(self.estimator.step_time(spec, t, placement) for t in state.gpu_types)
+    def _mark(self, job_id: str) -> None:
+        """Note a change made without a log line (`take_changed`)."""
+        self._changed[job_id] = None
 
 
     # ---------------------------------------------------------------- daemon recovery and checkpoints
@@ -574,9 +513,9 @@ class Engine:
         job = Job(spec, ideal_step_time=self._ideal_step_time(spec), state=state, since=now, progress_time=now,
                   done_iterations=ckpt, checkpoint_iterations=ckpt, restarts=e.restarts)
         self.state.jobs[spec.job_id] = job
-        if e.held or _controlled(spec):
+        if e.held or controlled(spec):
             job.held = e.held
-            self._admit(job, now, e.stimulus_id)
+            self.control.admit(job, now, e.stimulus_id)
         else:
             self._enqueue(job)
         self._log(now, e.stimulus_id, job, f"restored {state.value}; resumes from iteration {ckpt:.0f}")
@@ -597,11 +536,7 @@ class Engine:
         job.step_time = self._estimate(job)
         self.state.jobs[spec.job_id] = job
         self._active[spec.job_id] = job
-        if spec.time_limit is not None:
-            job.time_limit_at = e.time_limit_at if e.time_limit_at is not None else now + spec.time_limit
-            self._limits[spec.job_id] = job.time_limit_at
-        if spec.array_limit:
-            self._array_play.setdefault(spec.array_id, set()).add(spec.job_id)
+        self.control.adopted(job, e.time_limit_at, now)
         self._log(now, e.stimulus_id, job, f"re-adopted running on GPUs {_fmt_gpus(e.gpus)}")
         return None
 
@@ -620,7 +555,7 @@ class Engine:
         job = self.state.jobs.get(e.job_id)
         if job is None or job.state.is_terminal or e.iterations < 1:
             return self._ignore(now, e, job)
-        queued = job.state.is_queued and job.job_id not in self._blocked
+        queued = job.state.is_queued and job.job_id not in self.control.blocked
         if queued:  # its queue key may depend on the length
             self._dequeue(job)
         job.spec = replace(job.spec, iterations=e.iterations)
@@ -642,169 +577,6 @@ class Engine:
     def _on_recovery_done(self, e: ev.RecoveryDone, now: float, actions: list[Action]) -> Trigger | None:
         self._log(now, e.stimulus_id, None, f"recovered {len(self.state.jobs)} job(s)")
         return Trigger.RELEASE
-
-    # ---------------------------------------------------------------- job control (hold, dependencies, arrays, limits)
-
-    def _gate(self, job: Job, now: float) -> str:
-        """Why a queued job must stay out of the queue ("" when it may join it; NEVER when it never may)."""
-        spec = job.spec
-        waiting = False
-        for d in spec.dependencies:
-            target = self.state.jobs.get(d.job_id)
-            met = None if target is None else d.kind.met_by(target.state)
-            if target is None or met is False:
-                return NEVER
-            waiting = waiting or met is None
-        if job.held:
-            return HELD
-        if waiting:
-            return DEPENDENCY
-        if spec.begin_time is not None and spec.begin_time > now:
-            return BEGIN
-        if spec.array_limit and len(self._array_play.get(spec.array_id, ())) >= spec.array_limit:
-            return ARRAY_LIMIT
-        return ""
-
-    def _admit(self, job: Job, now: float, stimulus: str) -> bool:
-        """Queue a queued-state job that is not in the queue, or keep it out with its reason; True if queued.
-        A job whose dependency can never be met is cancelled (reason DependencyNeverSatisfied)."""
-        spec = job.spec
-        for d in spec.dependencies:
-            target = self.state.jobs.get(d.job_id)
-            if target is not None and not target.state.is_terminal:
-                self._dependents.setdefault(d.job_id, set()).add(spec.job_id)
-        why = self._gate(job, now)
-        self._blocked.pop(spec.job_id, None)
-        if why == NEVER:
-            job.transition(JobState.CANCELLED, now)
-            job.reason = NEVER
-            job.acct.finish_time = now
-            self._ended.append(job)
-            self._log(now, stimulus, job, f"cancelled: {NEVER} ({_fmt_deps(spec, self.state.jobs)})")
-        elif why:
-            self._blocked[spec.job_id] = why
-            job.reason = why
-            if why == ARRAY_LIMIT:
-                self._array_waiting.setdefault(spec.array_id, deque()).append(spec.job_id)
-            elif why == BEGIN:
-                self._begins[spec.job_id] = spec.begin_time
-        else:
-            job.reason = ""
-            if spec.array_limit:
-                self._array_play.setdefault(spec.array_id, set()).add(spec.job_id)
-            self._enqueue(job)
-        self.settled.append(spec.job_id)
-        return not why
-
-    def _settle(self, now: float, stimulus: str, actions: list[Action]) -> bool:
-        """Jobs ended in this event: admit what waited on them (dependents, the next tasks of a throttled
-        array); returns True if any job joined the queue. Cancelling a job cascades to its dependents."""
-        queued = False
-        while self._ended:
-            job = self._ended.pop()
-            spec = job.spec
-            for other in sorted(self._dependents.pop(spec.job_id, ())):
-                why = self._blocked.get(other)
-                if why == DEPENDENCY or (why is not None and self._gate(self.state.jobs[other], now) == NEVER):
-                    queued |= self._admit(self.state.jobs[other], now, stimulus)
-            if spec.array_limit:
-                self._array_play.get(spec.array_id, set()).discard(spec.job_id)
-                queued |= self._fill_array(spec.array_id, spec.array_limit, now, stimulus)
-        return queued
-
-    def _fill_array(self, array_id: str, limit: int, now: float, stimulus: str) -> bool:
-        waiting = self._array_waiting.get(array_id)
-        queued = False
-        while waiting and len(self._array_play.get(array_id, ())) < limit:
-            job_id = waiting.popleft()
-            if self._blocked.get(job_id) == ARRAY_LIMIT:  # else it was cancelled or held meanwhile
-                queued |= self._admit(self.state.jobs[job_id], now, stimulus)
-        return queued
-
-    def _begin_due(self, now: float, stimulus: str) -> bool:
-        """Admit the jobs whose begin time came; True if any joined the queue."""
-        queued = False
-        for job_id in sorted(j for j, at in self._begins.items() if at <= now):
-            del self._begins[job_id]
-            if self._blocked.get(job_id) == BEGIN:  # else cancelled or held meanwhile
-                queued |= self._admit(self.state.jobs[job_id], now, stimulus)
-        return queued
-
-    def _policy_due(self, now: float) -> bool:
-        """Whether the policy's own timer or a deferral is due (a Tick was not only for time limits)."""
-        return (self._policy_at is not None and self._policy_at <= now) or any(
-            t <= now for t in self._deferred.values())
-
-    def _expire_limits(self, now: float, stimulus: str, actions: list[Action]) -> bool:
-        """Stop every running job past its time limit: checkpoint and exit (Preempt); its pause ends it as
-        TIMEOUT. Returns True if any was stopped."""
-        due = sorted(j for j, at in self._limits.items() if at <= now)
-        for job_id in due:
-            job = self.state.jobs[job_id]
-            del self._limits[job_id]
-            job.time_limit_at = None
-            job.timing_out = True
-            job.reason = TIME_LIMIT
-            if job.state is not JobState.PAUSING:  # already pausing: its pause ends it all the same
-                self._begin_pause(job, now)
-                actions.append(Preempt(job_id))
-            self.settled.append(job_id)
-            self._log(now, stimulus, job, f"time limit of {job.spec.time_limit:g}s reached: checkpoint and stop")
-        return bool(due)
-
-    def _on_hold(self, e: ev.HoldRequested, now: float, actions: list[Action]) -> Trigger | None:
-        job = self.state.jobs.get(e.job_id)
-        if job is None or not job.state.is_queued or job.held:
-            return self._ignore(now, e, job)
-        job.held = True
-        if e.job_id not in self._blocked:
-            self._dequeue(job)
-            if job.spec.array_limit:  # it gives its array slot to the next task
-                self._array_play.get(job.spec.array_id, set()).discard(job.job_id)
-                self._fill_array(job.spec.array_id, job.spec.array_limit, now, e.stimulus_id)
-        self._blocked[e.job_id] = job.reason = HELD
-        self._log(now, e.stimulus_id, job, "held")
-        return None
-
-    def _on_release(self, e: ev.ReleaseRequested, now: float, actions: list[Action]) -> Trigger | None:
-        job = self.state.jobs.get(e.job_id)
-        if job is None or not job.held:
-            return self._ignore(now, e, job)
-        job.held = False
-        self._log(now, e.stimulus_id, job, "released")
-        if job.state.is_terminal:
-            return None
-        return Trigger.RELEASE if self._admit(job, now, e.stimulus_id) else None
-
-    def _on_requeue(self, e: ev.RequeueRequested, now: float, actions: list[Action]) -> Trigger | None:
-        job = self.state.jobs.get(e.job_id)
-        if job is None or job.state not in (JobState.LOADING, JobState.RUNNING):
-            return self._ignore(now, e, job)
-        self._begin_pause(job, now)
-        job.reason = "requeued"
-        actions.append(Preempt(job.job_id))
-        self._log(now, e.stimulus_id, job, "requeue asked: checkpoint, then queued again")
-        return None
-
-
-def _controlled(spec: JobSpec) -> bool:
-    """Whether job control gates the job before it joins the queue."""
-    return bool(spec.dependencies or spec.array_limit or spec.begin_time is not None)
-
-
-def _fmt_deps(spec: JobSpec, jobs: dict) -> str:
-    out = []
-    for d in spec.dependencies:
-        target = jobs.get(d.job_id)
-        out.append(f"{d.kind.value}:{d.job_id} ({target.state.value if target else 'unknown job'})")
-    return ", ".join(out)
-
-
-def _fmt_exec(x: ExecConfig) -> str:
-    out = f"micro-batch {x.micro_batch} x {x.accumulation}, MPS {x.mps_percentage}%"
-    if x.memory_limit_mb:
-        out += f", memory {x.memory_limit_mb} MB"
-    return out + (f", plan {x.plan}" if x.plan else "")
 
 
 def _fmt_gpus(gpus: tuple[int, ...]) -> str:

@@ -1,10 +1,13 @@
-"""How long a job's step should take, as the engine estimates it (from the profiles, or a fallback)."""
+"""How long a job's step should take, as the engine estimates it (from the profiles, or a fallback): alone
+where it runs, or alone on the best placement the live cluster offers (its ideal)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Protocol
 
-from meshsched.state import ExecConfig, JobSpec
+from meshsched.perf.placement import ideal_placement
+from meshsched.state import ClusterState, ExecConfig, Job, JobSpec
 
 
 class StepTimeEstimator(Protocol):
@@ -33,3 +36,18 @@ class ProfileEstimator:
             return self._perf.iteration_time(spec.model, gpu_type, placement, max(1, spec.batch_size // spec.gpus))
         except UnknownProfile:
             return self._fallback
+
+
+def ideal_step_time(estimator: StepTimeEstimator, state: ClusterState, spec: JobSpec) -> float:
+    """`spec` alone on a compact placement of the fastest GPU type among the live nodes."""
+    if not state.total_gpus:
+        return estimator.step_time(spec, "", (spec.gpus,))
+    placement = ideal_placement(spec.gpus, state.largest_node)
+    return min(estimator.step_time(spec, t, placement) for t in state.gpu_types)
+
+
+def step_time_where(estimator: StepTimeEstimator, state: ClusterState, job: Job) -> float:
+    """`job` alone where it runs (its GPUs' type, GPUs per node), at its micro-batch and accumulation."""
+    gpus = state.gpus
+    shape = tuple(sorted(Counter(gpus[g].node for g in job.gpus).values(), reverse=True))
+    return estimator.step_time(job.spec, gpus[job.gpus[0]].gpu_type, shape, job.exec)

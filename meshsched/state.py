@@ -186,6 +186,13 @@ class ExecConfig:
         return (self.mps_percentage, self.memory_limit_mb, self.plan, self.gpus, self.cpus_per_gpu,
                 self.memory_gb_per_gpu)
 
+    def describe(self) -> str:
+        """One line for logs: `micro-batch 4 x 2, MPS 50%, memory 8000 MB, plan P`."""
+        out = f"micro-batch {self.micro_batch} x {self.accumulation}, MPS {self.mps_percentage}%"
+        if self.memory_limit_mb:
+            out += f", memory {self.memory_limit_mb} MB"
+        return out + (f", plan {self.plan}" if self.plan else "")
+
     def to_dict(self) -> dict:
         out = {"micro_batch": self.micro_batch, "accumulation": self.accumulation,
                "mps_percentage": self.mps_percentage, "memory_limit_mb": self.memory_limit_mb, "plan": self.plan,

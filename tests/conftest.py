@@ -1,11 +1,23 @@
-"""Shared fixtures: where the raw measurements are (MESHSCHED_DATA), and a NodeDaemon in temporary dirs."""
+"""Shared fixtures: where the raw measurements are (MESHSCHED_DATA), a NodeDaemon in temporary dirs, a meshd in a
+thread with `mesh` in-process (served, mesh), a recording MPS control tool (fake_control).
+
+Shared helpers that are not fixtures live in tests/support/; test modules never import each other."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import stat
+import sys
+import threading
 from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `tests.support` imports whichever directory pytest is run from
+    sys.path.insert(0, str(ROOT))
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # beside the repository (as in CI)
 
@@ -14,7 +26,7 @@ DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # beside
 def _job_cgroups_swept():
     """Job cgroups (daemon/confine.py) of jobs that tests killed behind meshd's back are removed at the end."""
     yield
-    from tests.test_daemon_helpers import sweep_job_cgroups
+    from tests.support.daemon import sweep_job_cgroups
 
     sweep_job_cgroups()
 
@@ -38,7 +50,7 @@ def raw_data() -> Path:
 @pytest.fixture
 def dirs(tmp_path):
     """A state dir and a short runtime dir (Unix socket paths must stay < 100 characters)."""
-    from tests.test_daemon_helpers import remove, short_dir
+    from tests.support.daemon import remove, short_dir
 
     runtime = short_dir()
     yield tmp_path / "state", runtime
@@ -49,9 +61,85 @@ def dirs(tmp_path):
 async def daemon(dirs):
     """A started NodeDaemon with 4 fake GPUs; its jobs' sessions are killed after the test."""
     from meshsched.daemon.node import NodeDaemon
-    from tests.test_daemon_helpers import close_daemon, make_config
+
+    from tests.support.daemon import close_daemon, make_config
 
     d = NodeDaemon(make_config(*dirs))
     await d.start()
     yield d
     await close_daemon(d)
+
+
+@pytest.fixture
+def fake_control(tmp_path, monkeypatch):
+    """A recording `nvidia-cuda-mps-control` first on PATH; returns a function that lists what it was told."""
+    from tests.support.fakes import FAKE_MPS_CONTROL
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "mps.log"
+    tool = bindir / "nvidia-cuda-mps-control"
+    tool.write_text(FAKE_MPS_CONTROL.format(py=sys.executable, log=str(log)))
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+
+    def calls() -> list[dict]:
+        return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+
+    return calls
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    """A meshd (fake GPUs) in a background thread, `mesh` pointed at it by MESH_API_SOCKET."""
+    from meshsched.daemon.node import NodeDaemon
+
+    from tests.support.daemon import kill_sessions, make_config, remove, short_dir
+
+    runtime = short_dir()
+    cfg = make_config(tmp_path / "state", runtime)
+    monkeypatch.setenv("MESH_API_SOCKET", str(cfg.api_socket))
+    loop = asyncio.new_event_loop()
+    d = NodeDaemon(cfg)
+    started = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(d.start())
+        started.set()
+        loop.run_forever()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert started.wait(20)
+    yield d
+    pids = [r.supervisor_pid for r in list(d.records.values())]
+    asyncio.run_coroutine_threadsafe(d.close(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    t.join(5)
+    loop.close()
+    kill_sessions(pids)
+    remove(runtime)
+
+
+class Result:
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.exit_code, self.stdout, self.stderr = code, out, err
+        self.output = out + err
+
+
+@pytest.fixture
+def mesh(capsys):
+    """Run `mesh ARGS` in-process through main(), as the installed script does."""
+
+    def run(*args: str) -> Result:
+        from meshsched.cli.main import main
+
+        try:
+            code = main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run

@@ -8,7 +8,7 @@ from meshsched.job.checkpoint import Checkpoint, Checkpointer, RngState, State, 
 from meshsched.job.env import MeshEnv
 from meshsched.job.sampler import ElasticSampler, even_split
 from meshsched.job.session import Session, attach
-from meshsched.exitcodes import PREEMPTED_EXIT_CODE
+from meshsched.wire.exitcodes import PREEMPTED_EXIT_CODE
 
 __all__ = [
     "PREEMPTED_EXIT_CODE", "Checkpoint", "Checkpointer", "ElasticSampler", "MeshEnv", "MicroBatch", "RngState",

@@ -49,6 +49,11 @@ class Reporter:
         self._thread = threading.Thread(target=self._run, name=f"mesh-reporter-{rank}", daemon=True)
         self._thread.start()
 
+    @property
+    def connected(self) -> bool:
+        """Whether the reporter's thread holds a connection to meshd (its hello was answered)."""
+        return self._client is not None
+
     def record(self, rec: StepRecord) -> None:
         self._records.append(rec)  # deque.append is atomic: the only cost on the training path
 
@@ -56,7 +61,7 @@ class Reporter:
         self._checkpoint = step  # sent with the next flush
 
     def _connect(self):
-        from meshsched.daemon.jobclient import JobClient
+        from meshsched.job.client import JobClient
 
         try:
             client = JobClient(self._path)

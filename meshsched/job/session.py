@@ -39,7 +39,7 @@ from meshsched.job.checkpoint import Checkpointer, RngState, State, TorchState
 from meshsched.job.env import MeshEnv
 from meshsched.job.reporter import Reporter, StepRecord
 from meshsched.job.sampler import ElasticSampler
-from meshsched.exitcodes import PREEMPTED_EXIT_CODE
+from meshsched.wire.exitcodes import PREEMPTED_EXIT_CODE
 
 LOG = logging.getLogger("meshsched.job")
 

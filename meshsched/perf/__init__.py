@@ -1,9 +1,8 @@
 """How fast a job runs: the iteration-time model (Castor eq. 1-3), measured colocation interference,
-load/pause overheads and GPU memory, loaded from meshsched/profiles/ (see profiles/README.md)."""
+load/pause overheads and GPU memory; meshsched.loaders.profiles reads them from meshsched/profiles/."""
 
 from meshsched.perf.errors import UnknownProfile
-from meshsched.perf.loader import load_perf_model
 from meshsched.perf.model import DEFAULT_GPU_TYPE, PerfModel
 from meshsched.perf.placement import ideal_placement
 
-__all__ = ["DEFAULT_GPU_TYPE", "PerfModel", "UnknownProfile", "ideal_placement", "load_perf_model"]
+__all__ = ["DEFAULT_GPU_TYPE", "PerfModel", "UnknownProfile", "ideal_placement"]

@@ -67,6 +67,7 @@ class Interference:
 
     def __init__(self, perf, predictor: Callable[[list[list[float]]], list[float]] | None = None) -> None:
         self._perf = perf
+        self._measured = perf.measured_pairs()
         self._predictor = predictor
         self.xi = lru_cache(maxsize=1 << 16)(self._xi)
         self._predicted: dict[tuple, tuple[float, float]] = {}
@@ -111,7 +112,7 @@ class Interference:
         return "predicted" if self._predictor is not None else "default"
 
     def _is_measured(self, model_a: str, batch_a: int, model_b: str, batch_b: int, gpu_type: str) -> bool:
-        return (gpu_type, model_a, batch_a, model_b, batch_b) in self._perf._pairs  # noqa: SLF001
+        return (gpu_type, model_a, batch_a, model_b, batch_b) in self._measured
 
     def _xi(self, model_a: str, batch_a: int, model_b: str, batch_b: int, gpu_type: str) -> tuple[float, float] | None:
         if self._is_measured(model_a, batch_a, model_b, batch_b, gpu_type):

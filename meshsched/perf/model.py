@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from types import MappingProxyType
 
 from meshsched.perf.errors import UnknownProfile
 from meshsched.perf.itermodel import iter_time
@@ -98,6 +99,11 @@ class PerfModel:
         self._profile(model_a, gpu_type)
         self._profile(model_b, gpu_type)
         return self._pairs.get((gpu_type, model_a, batch_a, model_b, batch_b))
+
+    def measured_pairs(self) -> Mapping[tuple[str, str, int, str, int], tuple[float, float] | None]:
+        """The measured colocation table, read-only: (gpu, model_a, batch_a, model_b, batch_b) -> (xi_a, xi_b),
+        None for a pair measured infeasible."""
+        return MappingProxyType(self._pairs)
 
     def _overhead(self, model: str) -> Overhead:
         o = self._overheads.get(model)

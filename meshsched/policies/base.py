@@ -1,5 +1,6 @@
 """The seam between the engine and policies: decisions, triggers, the read-only cluster view, the per-pass
-`Cycle`, and one Protocol per layer (placement and sharing, preemption, calibration, plans).
+`Cycle`, and one Protocol per layer (placement and sharing, preemption, calibration, plans); the optional
+abilities a layer may have are named in meshsched.policies.abilities.
 
 A `PolicyStack` (meshsched.policies.stack) composes one policy per layer; the engine talks to the stack only.
 """
@@ -10,7 +11,7 @@ import bisect
 import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from meshsched.policies.placement import Planner
 from meshsched.state import CalibrationMemo, ClusterState, ExecConfig, Job, JobState, Node
@@ -199,6 +200,10 @@ class ClusterView:
     def gpu_type(self, gpu: int) -> str:
         return self._state.gpus[gpu].gpu_type
 
+    def cluster_state(self) -> ClusterState:
+        """The engine's state itself, read-only (the sharing policies follow its GPU occupancy and change log)."""
+        return self._state
+
     def planner(self) -> Planner:
         """A scratch allocator over the free GPUs for one scheduling pass."""
         return Planner(self._state)
@@ -218,6 +223,7 @@ class Cycle:
         self.scratch: dict[str, object] = {}
 
 
+@runtime_checkable
 class PlacementPolicy(Protocol):
     """Admission, placement and sharing: which queued jobs start where (Start / Wait). Never mutates state.
 
@@ -241,6 +247,7 @@ class PlacementPolicy(Protocol):
         ...
 
 
+@runtime_checkable
 class PreemptionPolicy(Protocol):
     """Which running jobs give way and when (Start / Evict / Defer / Wait). It owns the pass: it walks the
     queue in its own order and asks the placement layer to start each job before considering evictions."""
@@ -255,6 +262,7 @@ class PreemptionPolicy(Protocol):
     def next_timer(self, view: ClusterView, now: float) -> float | None: ...
 
 
+@runtime_checkable
 class CalibrationPolicy(Protocol):
     """Inside a colocation set (node side): reads a job's per-rank reports, answers Reconfigure decisions."""
 
@@ -263,6 +271,7 @@ class CalibrationPolicy(Protocol):
     def calibrate(self, view: ClusterView, job: Job, now: float) -> list[Reconfigure]: ...
 
 
+@runtime_checkable
 class PlanPolicy(Protocol):
     """Execution plans and resources of running jobs (Rubick): Reconfigure decisions."""
 

@@ -56,14 +56,14 @@ from meshsched.policies.gimbal import (
     PackedJob,
     PackingSet,
     Runtime,
-    WorkerSetting,
     WorkerId,
+    WorkerSetting,
     check_mps_percent,
     coordination_search,
     liss,
-    packing_violation,
     split_workers,
 )
+from meshsched.policies.gimbal_packing import packing_violation
 from meshsched.state import CalibrationMemo, ExecConfig, Job, JobState
 
 

@@ -36,7 +36,7 @@ from meshsched.policies.lazer_opt import (
     DeferralContext, DeferralOptimizer, Observation, OptimizerConfig, OptimizerState, fit_model, ideal_step,
     mean_interarrival, objective,
 )
-from meshsched.policies.queue import QueueScheduler, ShortestRemaining
+from meshsched.policies.queue import ShortestRemaining, room_by_eviction
 from meshsched.state import Job, JobState
 
 HOUR_S = 3600.0
@@ -250,7 +250,7 @@ class Lazer:
                 for p, j in eligible:
                     tiers[2 if j.state is loading else 0 if now - j.since >= self._load(j) else 1].append((p, j))
                 ranked = tiers[0] + tiers[1] + tiers[2]
-        spot, chosen = QueueScheduler._room_by_eviction(
+        spot, chosen = room_by_eviction(
             view, cycle.plan, cycle.plan.free_map(), job.spec.gpus, prio, ranked, held
         )
         if spot is None:

@@ -89,6 +89,14 @@ class Planner:
             self._free.pop(node, None)
         return got
 
+    def withhold_gpus(self, node: str, count: int) -> list[int]:
+        """`withhold` up to `count` free GPUs of `node` and claim which ones (never handed out again this pass)."""
+        got = self.withhold(node, count)
+        state, taken = self._state, self._taken
+        picked = [g for g in state.nodes[node].gpus if not state.gpus[g].jobs and g not in taken][:got]
+        taken.update(picked)
+        return picked
+
     def take(self, want: int) -> tuple[int, ...] | None:
         """Reserve `want` free GPUs on the fewest nodes; None if they cannot be had that compactly now."""
         plan = self.compact(self._free, want)

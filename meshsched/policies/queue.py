@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from meshsched.policies.abilities import RanksVictims
 from meshsched.policies.base import ClusterView, Cycle, Decision, Evict, Start, Trigger
 from meshsched.state import Job, JobState
 
@@ -231,9 +232,10 @@ class QueueScheduler:
             spot = plan.compact(pool, need)
             if spot is None and may_evict:
                 if victims is None:
-                    rank = getattr(self.order, "worst_first", None)
-                    victims = rank(view.holding(), now) if rank else worst_first(self.order, view.holding(), now)
-                spot, chosen = self._room_by_eviction(
+                    order = self.order
+                    victims = (order.worst_first(view.holding(), now) if isinstance(order, RanksVictims)
+                               else worst_first(order, view.holding(), now))
+                spot, chosen = room_by_eviction(
                     view, plan, pool, need, self.order.priority(job, now), victims, evicted
                 )
                 if spot is None:
@@ -260,33 +262,6 @@ class QueueScheduler:
                 self._promised[job.job_id] = None
         return decisions
 
-    @staticmethod
-    def _room_by_eviction(
-        view: ClusterView, plan, pool: dict[str, int], need: int, prio: tuple, victims: list, evicted: set[str]
-    ) -> tuple[list[tuple[str, int]] | None, list[tuple[str, tuple[str, ...]]]]:
-        """Add strictly lower-priority jobs' GPUs to `pool`, worst first, until `need` fits compactly."""
-        chosen: list[tuple[str, tuple[str, ...]]] = []
-        single = need <= plan.node_size
-        pooled = sum(pool.values())
-        for vprio, v in victims:
-            if not vprio[0] > prio[0]:
-                break  # only strictly lower-priority jobs are preempted
-            vid = v.job_id
-            if vid in evicted:
-                continue
-            vnodes = tuple(view.node_of(g) for g in v.gpus)
-            chosen.append((vid, vnodes))
-            touched = False
-            for node in vnodes:
-                n = pool[node] = pool.get(node, 0) + 1
-                if n >= need:
-                    touched = True
-            pooled += len(vnodes)
-            # a one-node job can only have become placeable on a node this victim frees
-            if (touched if single else pooled >= need) and (spot := plan.compact(pool, need)) is not None:
-                return spot, chosen
-        return None, chosen
-
     def next_timer(self, view: ClusterView, now: float) -> float | None:
         if not view.has_runnable_queue:
             return None
@@ -300,3 +275,30 @@ class QueueScheduler:
             ]
             return min(times) if times else None
         return None
+
+
+def room_by_eviction(
+    view: ClusterView, plan, pool: dict[str, int], need: int, prio: tuple, victims: list, evicted: set[str]
+) -> tuple[list[tuple[str, int]] | None, list[tuple[str, tuple[str, ...]]]]:
+    """Add strictly lower-priority jobs' GPUs to `pool`, worst first, until `need` fits compactly."""
+    chosen: list[tuple[str, tuple[str, ...]]] = []
+    single = need <= plan.node_size
+    pooled = sum(pool.values())
+    for vprio, v in victims:
+        if not vprio[0] > prio[0]:
+            break  # only strictly lower-priority jobs are preempted
+        vid = v.job_id
+        if vid in evicted:
+            continue
+        vnodes = tuple(view.node_of(g) for g in v.gpus)
+        chosen.append((vid, vnodes))
+        touched = False
+        for node in vnodes:
+            n = pool[node] = pool.get(node, 0) + 1
+            if n >= need:
+                touched = True
+        pooled += len(vnodes)
+        # a one-node job can only have become placeable on a node this victim frees
+        if (touched if single else pooled >= need) and (spot := plan.compact(pool, need)) is not None:
+            return spot, chosen
+    return None, chosen

@@ -5,6 +5,10 @@ layer (placement and sharing, preemption, calibration, plan); a stack has at mos
 placement (a preemption policy alone brings a greedy placement in its own queue order). `@SECONDS` (or
 `:interval=SECONDS`) runs the layer that owns the pass every SECONDS instead of on every event; only the
 queue policies support it. Every combination that makes no sense is refused with one line saying why.
+
+A NAME outside the table below is a policy from outside the repository (meshsched.policies.plugins): an entry
+point of the group `meshsched.policies`, or `package.module:Class`. Models a policy needs come from the
+`PolicyHandle` the caller passes (and its `Profiles`); the registry reads no file.
 """
 
 from __future__ import annotations
@@ -13,6 +17,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from meshsched.perf.interference import Interference
+from meshsched.perf.model import PerfModel
+from meshsched.perf.plans import PlanPerfModel
+from meshsched.policies import plugins
+from meshsched.policies.abilities import Preempts
 from meshsched.policies.queue import Fifo, LeastAttained, QueueScheduler, ShortestJob, ShortestRemaining
 from meshsched.policies.stack import PolicyHandle, PolicyStack
 
@@ -47,28 +56,46 @@ _INTERVAL = Param("interval", float, "seconds between activations (also written 
 
 def _queue(name: str, order, **kw):
     def build(args: dict, handle: PolicyHandle):
-        return QueueScheduler(name, order() if callable(order) else order, interval=args.get("interval"), **kw)
+        every = args.get("interval")
+        return QueueScheduler(name if every is None else f"{name}@{every:g}", order() if callable(order) else order,
+                              interval=every, **kw)
     return build
+
+
+def _perf(h: PolicyHandle) -> PerfModel | PlanPerfModel | None:
+    return h.perf if h.perf is not None or h.profiles is None else h.profiles.perf()
+
+
+def _interference(h: PolicyHandle) -> Interference | None:
+    return h.interference if h.interference is not None or h.profiles is None else h.profiles.interference()
+
+
+def _no_profiles(what: str) -> ValueError:
+    return ValueError(f"{what}: hand it in, or the profiles it comes from (PolicyHandle.profiles; "
+                      "meshsched.loaders.profiles.installed_handle)")
+
+
+def _sharing(cls, args: dict, h: PolicyHandle, *keys: str):
+    return cls(perf=_perf(h), interference=_interference(h), one_user=h.one_user_per_gpu,
+               **{k: args[k] for k in keys if k in args})
 
 
 def _castor(args: dict, h: PolicyHandle):
     from meshsched.policies.castor import Castor
 
-    return Castor(perf=h.perf, interference=h.interference, one_user=h.one_user_per_gpu,
-                  **({"depth": args["depth"]} if "depth" in args else {}))
+    return _sharing(Castor, args, h, "depth")
 
 
 def _sjf_ffs(args: dict, h: PolicyHandle):
     from meshsched.policies.sharing_baselines import SjfFfs
 
-    return SjfFfs(perf=h.perf, interference=h.interference, one_user=h.one_user_per_gpu)
+    return _sharing(SjfFfs, args, h)
 
 
 def _lucid(args: dict, h: PolicyHandle):
     from meshsched.policies.sharing_baselines import Lucid
 
-    return Lucid(perf=h.perf, interference=h.interference, one_user=h.one_user_per_gpu,
-                 **({"threshold": args["threshold"]} if "threshold" in args else {}))
+    return _sharing(Lucid, args, h, "threshold")
 
 
 def _gimbal(args: dict, h: PolicyHandle):
@@ -78,10 +105,10 @@ def _gimbal(args: dict, h: PolicyHandle):
     name = args.get("objective", "jct")
     mps = h.mps_share
     if mps is None:
-        from meshsched.perf.loader import load_mps_share
-
-        mps = load_mps_share()
-    return GimbalCalibration(OBJECTIVES[name], h.perf, h.interference, mps, args.get("switch", LGRR_SWITCH_S),
+        if h.profiles is None:
+            raise _no_profiles("gimbal needs the MPS-share model")
+        mps = h.profiles.mps_share()
+    return GimbalCalibration(OBJECTIVES[name], _perf(h), _interference(h), mps, args.get("switch", LGRR_SWITCH_S),
                              args.get("horizon", "drain") == "drain")
 
 
@@ -91,18 +118,16 @@ def _lazer(args: dict, h: PolicyHandle):
 
     names = {"xmax": "high_s", "refit": "refit_every"}
     cfg = OptimizerConfig(seed=args.get("seed", h.seed), **{names[k]: v for k, v in args.items() if k in names})
-    return Lazer(h.perf, cfg, loading=args.get("loading", "preempt"))
+    return Lazer(_perf(h), cfg, loading=args.get("loading", "preempt"))
 
 
-def _plan_perf(h: PolicyHandle):
-    """The plan model the allocator predicts with: the handle's when it is one, else the installed A800 plans."""
-    from meshsched.perf.plans import PlanPerfModel
-
+def _plan_perf(h: PolicyHandle) -> PlanPerfModel:
+    """The plan model the allocator predicts with: the handle's when it is one, else the profiles' A800 plans."""
     if isinstance(h.perf, PlanPerfModel):
         return h.perf
-    from meshsched.perf.loader import load_plan_catalog
-
-    return PlanPerfModel(load_plan_catalog())
+    if h.profiles is None:
+        raise _no_profiles("the plan allocators need the execution-plan profiles")
+    return PlanPerfModel(h.profiles.plan_catalog())
 
 
 def _quotas(text: str) -> dict[str, int]:
@@ -191,16 +216,39 @@ _COMPANION = {
 
 
 def _known() -> str:
-    return ", ".join(sorted(POLICIES))
+    return ", ".join(sorted({*POLICIES, *plugins.installed_names()}))
 
 
-def _parse_item(item: str) -> tuple[str, dict]:
+def _entry(name: str) -> Entry:
+    """The table's entry for `name`, else the policy from outside it names (entry point or `pkg.mod:Class`)."""
+    entry = POLICIES.get(name)
+    if entry is not None:
+        return entry
+    try:
+        cls = plugins.find(name)
+        if cls is None:
+            raise UnknownPolicy(f"unknown policy {name!r}; known: {_known()} (combine with +, add @SECONDS for "
+                                "periodic)")
+        layer = plugins.layer_of(name, cls)
+    except plugins.PluginRefused as exc:
+        raise UnknownPolicy(str(exc)) from None
+
+    def build(args: dict, handle: PolicyHandle):
+        try:
+            return plugins.build(name, cls, layer, handle)
+        except plugins.PluginRefused as exc:
+            raise UnknownPolicy(str(exc)) from None
+
+    return Entry(layer, build, (cls.__doc__ or "").strip().partition("\n")[0])
+
+
+def _split_item(item: str) -> tuple[str, dict[str, str]]:
+    """(name, raw parameters) of one stack item; a name `pkg.mod:Class` keeps its colon."""
     head, *pairs = item.split(":")
     name, at, every = head.partition("@")
     name = name.strip()
-    entry = POLICIES.get(name)
-    if entry is None:
-        raise UnknownPolicy(f"unknown policy {name!r}; known: {_known()} (combine with +, add @SECONDS for periodic)")
+    if name not in POLICIES and plugins.is_import_path(name, pairs):
+        name = f"{name}:{pairs.pop(0).strip()}"
     raw: dict[str, str] = {}
     if at:
         raw["interval"] = every.strip()
@@ -212,6 +260,12 @@ def _parse_item(item: str) -> tuple[str, dict]:
         if key in raw:
             raise UnknownPolicy(f"policy {item!r}: {key} given twice")
         raw[key] = value.strip()
+    return name, raw
+
+
+def _parse_item(item: str) -> tuple[str, dict]:
+    name, raw = _split_item(item)
+    entry = _entry(name)
     kinds = {p.name: p for p in entry.params}
     args: dict = {}
     for key, value in raw.items():
@@ -244,23 +298,18 @@ def _parse_item(item: str) -> tuple[str, dict]:
 def make_policy(spec: str, handle: PolicyHandle | None = None) -> PolicyStack:
     """Build a fresh stack from its description, e.g. `srtf`, `srtf@360`, `castor+srtf`, `castor:depth=32`.
 
-    `handle` hands in the models; None builds one from the installed profiles when a policy needs them
-    (at construction, never inside a scheduling pass)."""
+    `handle` hands in the models (at construction, never inside a scheduling pass); the default has none, so a
+    policy that needs one is refused (ValueError): meshd, `mesh simulate` and tests pass
+    `meshsched.loaders.profiles.installed_handle()`, whose profiles supply each model on demand."""
     text = spec.strip()
     layers = parse_policy(text)
     preempt = layers.get("preemption")
-    if handle is None:
-        needs = any(POLICIES[n].needs_models for n, _ in layers.values())
-        handle = _installed_handle() if needs else PolicyHandle()
-    built = {layer: POLICIES[n].build(args, handle) for layer, (n, args) in layers.items()}
+    handle = PolicyHandle() if handle is None else handle
+    built = {layer: _entry(n).build(args, handle) for layer, (n, args) in layers.items()}
     placement = built.get("placement")
     if placement is None:
         placement = _COMPANION[preempt[0]]({}, handle)
-    stack = PolicyStack(text, placement, built.get("preemption"), built.get("calibration"), built.get("plan"))
-    for layer, (n, args) in layers.items():
-        if "interval" in args:
-            built[layer].name = f"{n}@{args['interval']:g}"
-    return stack
+    return PolicyStack(text, placement, built.get("preemption"), built.get("calibration"), built.get("plan"))
 
 
 def parse_policy(spec: str) -> dict[str, tuple[str, dict]]:
@@ -273,40 +322,40 @@ def parse_policy(spec: str) -> dict[str, tuple[str, dict]]:
         if not item.strip():
             raise UnknownPolicy(f"policy {spec!r}: empty item around '+'")
         name, args = _parse_item(item.strip())
-        layer = POLICIES[name].layer
+        layer = _entry(name).layer
         if layer in layers:
             raise UnknownPolicy(f"policy {spec!r}: {layers[layer][0]} and {name} are both {layer} policies; a stack "
                                 f"takes one per layer")
         layers[layer] = (name, args)
+    _check_layers(spec, layers)
+    return layers
+
+
+def _check_layers(spec: str, layers: dict[str, tuple[str, dict]]) -> None:
     place, preempt = layers.get("placement"), layers.get("preemption")
     if place is None and preempt is None:
         raise UnknownPolicy(f"policy {spec!r}: a stack needs a placement or preemption policy ({_known()})")
+    if place is None and preempt[0] not in _COMPANION:
+        raise UnknownPolicy(f"policy {spec!r}: {preempt[0]} brings no placement of its own; write PLACEMENT+{preempt[0]}")
     if place is not None and preempt is not None:
         if place[0] == "fifo":
             raise UnknownPolicy(f"policy {spec!r}: fifo is strict first-come-first-served; preempting by "
                                 f"{preempt[0]}'s priority contradicts it (use {preempt[0]} alone)")
-        if POLICIES[place[0]].layer == "placement" and not POLICIES[place[0]].needs_models:
+        if not _entry(place[0]).needs_models:
             raise UnknownPolicy(f"policy {spec!r}: {place[0]}'s queue order is replaced by {preempt[0]}'s, so the "
                                 f"stack is {preempt[0]} alone (write {preempt[0]})")
         if "interval" in place[1]:
             raise UnknownPolicy(f"policy {spec!r}: only the layer that owns the pass ({preempt[0]}) may be periodic")
-    return layers
 
 
 def needs_models(spec: str) -> bool:
     """Whether a stack needs the interference predictor and the other models (the sharing policies do)."""
-    return any(POLICIES[n].needs_models for n, _ in parse_policy(spec).values())
+    return any(_entry(n).needs_models for n, _ in parse_policy(spec).values())
 
 
 def needs_plan_models(spec: str) -> bool:
     """Whether a stack allocates with the execution-plan model (rubick, sia, synergy)."""
-    return any(POLICIES[n].plan_models for n, _ in parse_policy(spec).values())
-
-
-def _installed_handle() -> PolicyHandle:
-    from meshsched.perf.loader import installed_handle
-
-    return installed_handle()
+    return any(_entry(n).plan_models for n, _ in parse_policy(spec).values())
 
 
 def stack_of(policy) -> PolicyStack:
@@ -314,6 +363,6 @@ def stack_of(policy) -> PolicyStack:
     greedy placement in its own order."""
     if isinstance(policy, PolicyStack):
         return policy
-    if getattr(policy, "preemptive", False):
+    if isinstance(policy, Preempts) and policy.preemptive:
         return PolicyStack(policy.name, QueueScheduler(policy.name, policy.order), policy)
     return PolicyStack(policy.name, policy)

@@ -17,7 +17,7 @@ from functools import lru_cache
 from meshsched.perf.errors import UnknownProfile
 from meshsched.perf.memory import pair_fits
 from meshsched.policies.base import Start
-from meshsched.policies.castor import SharingPass, SharingScheduler, compact_nodes
+from meshsched.policies.sharing_scheduler import SharingPass, SharingScheduler, compact_nodes
 from meshsched.policies.occupancy import Host
 from meshsched.state import Job
 
@@ -95,7 +95,7 @@ class SjfFfs(SharingScheduler):
             items = sorted(usable.get(node, []), key=lambda x: x[0])
             n_free = min(free.get(node, 0), take)
             if n_free:
-                gpus += self._pick_free(state, plan, node, n_free)
+                gpus += plan.withhold_gpus(node, n_free)
             for g, a in items[: take - n_free]:
                 gpus.append(g)
                 partners[a.job_id] = a

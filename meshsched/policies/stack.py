@@ -3,33 +3,53 @@
 The engine talks to a `PolicyStack` only: its queue order, its pass (the preemption layer owns the pass when
 there is one, asking the placement layer to start each job; otherwise the placement layer runs it), its
 calibration after per-rank reports, and its timer. `PolicyHandle` is what a factory hands a policy: the
-performance model, the interference predictor, the MPS-share model and a seeded RNG, so no policy loads anything itself,
-and what the cluster allows (whether GPUs serve one user at a time).
+performance model, the interference predictor, the MPS-share model and a seeded RNG, so no policy loads anything
+itself, and what the cluster allows (whether GPUs serve one user at a time). A model the handle leaves out comes
+from its `Profiles`, a provider the caller passes in (meshsched.loaders.profiles.INSTALLED): the core reads no file.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from meshsched.perf.interference import Interference
+from meshsched.perf.model import PerfModel
+from meshsched.perf.mps_share import MpsShareModel
+from meshsched.perf.plans import PlanCatalog, PlanPerfModel
+from meshsched.policies.abilities import Admits, RemembersState
 from meshsched.policies.base import (
     CalibrationPolicy, ClusterView, Cycle, Decision, PlacementPolicy, PlanPolicy, PreemptionPolicy, Reconfigure, Trigger,
 )
 from meshsched.state import Job
 
 
+class Profiles(Protocol):
+    """Where the models a handle leaves out come from (each read once, when a policy needing it is built)."""
+
+    def perf(self) -> PerfModel: ...
+
+    def interference(self) -> Interference: ...
+
+    def mps_share(self) -> MpsShareModel: ...
+
+    def plan_catalog(self, gpu_type: str = "a800") -> PlanCatalog: ...
+
+
 @dataclass(frozen=True)
 class PolicyHandle:
     """Models handed to policies at build time (the Kubernetes scheduler framework's `Handle`)."""
 
-    perf: object | None = None  # meshsched.perf.PerfModel
-    interference: object | None = None  # meshsched.perf.interference.Interference
+    perf: PerfModel | PlanPerfModel | None = None
+    interference: Interference | None = None
     seed: int = 1
     rng: random.Random = field(default=None, compare=False)  # type: ignore[assignment]
-    mps_share: object | None = None  # meshsched.perf.mps_share.MpsShareModel (None: the gimbal builder loads it)
+    mps_share: MpsShareModel | None = None
     # A property of the cluster: GPUs are shared through MPS by jobs of several users, and an MPS server serves
     # one user at a time, so a sharing policy pairs only jobs of the same user (meshd: MPS on and submit_users).
     one_user_per_gpu: bool = False
+    profiles: Profiles | None = None  # the models left out above (None: a policy needing one is refused)
 
     def __post_init__(self) -> None:
         if self.rng is None:
@@ -60,8 +80,11 @@ class PolicyStack:
 
     def admission_error(self, view: ClusterView, spec) -> str | None:
         """Why the placement layer could never run `spec` (one line), or None (a layer without the check: None)."""
-        check = getattr(self.placement, "admission_error", None)
-        return None if check is None else check(view, spec)
+        return self.placement.admission_error(view, spec) if isinstance(self.placement, Admits) else None
+
+    def remembers(self) -> RemembersState | None:
+        """The preemption layer when it can journal its memory as text (`RemembersState`), else None."""
+        return self.preemption if isinstance(self.preemption, RemembersState) else None
 
     def calibrate(self, view: ClusterView, job: Job, now: float) -> list[Reconfigure]:
         return [] if self.calibration is None else self.calibration.calibrate(view, job, now)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from meshsched import events as ev
 from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
+from meshsched.policies.abilities import ModelsMpsShare, PredictsInterference
 from meshsched.policies.stack import PolicyStack
 from meshsched.sim.rules import SimRules, SteppedStack, check_policy
 from meshsched.sim.world import SimWorld
@@ -113,19 +114,7 @@ def simulate(
     `rules` (meshsched.sim.rules) selects a published simulator's conventions; under a time step the policy
     gets one pass per step (ValueError for a periodic policy).
     """
-    nodes = cluster.node_specs()
-    check_policy(rules, policy)
-    if policy.preemption is None:
-        rules = replace(rules, preemptive_end_lag_s=0.0)
-    gate = SteppedStack(policy) if rules.time_step_s is not None else None
-    engine = Engine(gate or policy, ProfileEstimator(perf))
-    if interference is None:
-        interference = getattr(policy.placement, "interference", None)
-    if mps_share is None:
-        mps_share = getattr(policy.calibration, "mps_share", None)
-    world = SimWorld(perf, nodes, interference, mps_share, rules)
-    for n in nodes:
-        world.execute(engine.handle(ev.NodeJoined(f"join-{n.name}", n), 0.0), 0.0)
+    engine, world, gate = _start(policy, perf, cluster, interference, mps_share, rules)
     result = SimResult(engine, cluster, 0)
     next_arrival = 0
     if jobs:
@@ -177,3 +166,23 @@ def simulate(
         progress(len(jobs))
     result.events = count
     return result
+
+
+def _start(policy: PolicyStack, perf, cluster: ClusterSpec, interference, mps_share,
+           rules: SimRules) -> tuple[Engine, SimWorld, SteppedStack | None]:
+    """The engine (behind a time-step gate under a stepped simulator's rules) and the world, every node joined
+    at 0 before the first arrival; `simulate` documents the defaults of `interference` and `mps_share`."""
+    nodes = cluster.node_specs()
+    check_policy(rules, policy)
+    if policy.preemption is None:
+        rules = replace(rules, preemptive_end_lag_s=0.0)
+    gate = SteppedStack(policy) if rules.time_step_s is not None else None
+    engine = Engine(gate or policy, ProfileEstimator(perf))
+    if interference is None and isinstance(policy.placement, PredictsInterference):
+        interference = policy.placement.interference
+    if mps_share is None and isinstance(policy.calibration, ModelsMpsShare):
+        mps_share = policy.calibration.mps_share
+    world = SimWorld(perf, nodes, interference, mps_share, rules)
+    for n in nodes:
+        world.execute(engine.handle(ev.NodeJoined(f"join-{n.name}", n), 0.0), 0.0)
+    return engine, world, gate

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from meshsched.policies.abilities import KeepsShareLog
+from meshsched.policies.stack import PolicyStack
 from meshsched.sim.loop import SimResult
 from meshsched.state import Job, JobState
 
@@ -132,9 +134,10 @@ class SharingSummary:
 
 def sharing_summary(result: SimResult) -> SharingSummary | None:
     stack = result.engine.policy  # a PolicyStack: the placement layer keeps the log (None: a policy that never shares)
-    log = getattr(getattr(stack, "placement", stack), "share_log", None)
-    if log is None:
+    layer = stack.placement if isinstance(stack, PolicyStack) else stack
+    if not isinstance(layer, KeepsShareLog):
         return None
+    log = layer.share_log
     jobs = result.engine.state.jobs
     ratios = []
     for rec in log.values():

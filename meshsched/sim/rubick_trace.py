@@ -1,5 +1,6 @@
 """Workloads for execution-plan schedulers (Rubick, Sec. 7.3): trace rows turned into jobs of the plan-profile
-models, each with an asked plan, CPUs, tenant and iteration count. Pure and seeded.
+models, each with an asked plan, CPUs, tenant and iteration count. Pure and seeded (reading a trace file for it:
+`meshsched.loaders.traces.load_plan_trace`).
 
 As the paper builds its trace: the busiest 12 hours of the trace (by GPU-seconds asked), down-sampled (here:
 to `jobs` jobs, seeded); each job gets a model drawn uniformly from the plan profiles; a GPU count no plan
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from meshsched.perf.placement import ideal_placement
 from meshsched.perf.plans import PlanPerfModel, Resources, candidate_plans, fits, iteration_time
-from meshsched.sim.trace_formats import TraceError, TraceRow
+from meshsched.sim.trace_formats import TraceRow
 from meshsched.state import JobSpec
 
 SMALL_MODELS = frozenset({"vit", "roberta", "bert", "t5"})  # no TP/PP in their asked plans (the paper's rule)
@@ -97,14 +98,3 @@ def _feasible_gpus(perf: PlanPerfModel, model: str, gpus: int, opts: WorkloadOpt
             return g
     raise ValueError(f"no plan of {model} fits on up to {opts.max_gpus} GPUs")
 
-
-def load_plan_trace(trace: str, perf: PlanPerfModel, opts: WorkloadOptions) -> list[JobSpec]:
-    """`plan_workload` over a built-in trace or a trace file (the formats of `meshsched.sim.traces`)."""
-    from meshsched.sim.trace_formats import parse_trace_text
-    from meshsched.sim.traces import _read
-
-    label, name, text = _read(trace)
-    rows = [r for r in parse_trace_text(label, text, job_prefix=name).rows if r.duration is not None]
-    if not rows:
-        raise TraceError(f"{label}: no row gives a duration (plan workloads need durations)")
-    return plan_workload(rows, perf, opts)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from meshsched.policies.abilities import Periodic
 from meshsched.policies.base import ClusterView, Decision, Trigger
 from meshsched.policies.stack import PolicyStack
 
@@ -86,7 +87,7 @@ def check_policy(rules: SimRules, stack: PolicyStack) -> None:
     """Refuse a periodic policy under a time step: it already decides once per interval, and holding back its
     passes would lose the releases its activation needs to see (ValueError, one line)."""
     owner = stack.preemption if stack.preemption is not None else stack.placement
-    if rules.time_step_s is not None and getattr(owner, "interval", None) is not None:
+    if rules.time_step_s is not None and isinstance(owner, Periodic) and owner.interval is not None:
         raise ValueError(f"policy {stack.name}: a periodic policy does not combine with time-stepped rules "
                          "(it already decides once per interval)")
 

@@ -1,0 +1,129 @@
+"""EngineLoop: the one way into meshd's engine: event -> engine -> journal -> actions.
+
+Events raised while one is handled are queued, never nested. Every engine event runs in one journal transaction;
+the records of the jobs it changed are mirrored from the engine (`daemon.mirror`) and written in it. What happens
+on this node is an *input*: one server hands it to the engine at once, a mesh proposes it to the leader
+(`daemon.mesh.MeshLink`) and applies it once it is in the log. The loop also names each stimulus (`sid`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+from meshsched import events as ev
+from meshsched.actions import ScheduleTimer
+from meshsched.daemon.journal import Journal, JobRecord
+from meshsched.daemon.launcher import Launcher
+from meshsched.daemon.mirror import mirror
+from meshsched.engine import Engine
+from meshsched.executor import dispatch
+from meshsched.state import Job
+
+LOG = logging.getLogger("meshd")
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine, journal: Journal, records: dict[str, JobRecord], launcher: Launcher,
+                 handlers: dict[type, Callable], mesh=None) -> None:
+        self.engine = engine
+        self.journal = journal
+        self.records = records
+        self.launcher = launcher
+        self.handlers = handlers  # action type -> what carries it out here
+        self.mesh = mesh  # a MeshLink: inputs are proposed to its leader, the engine follows its log
+        self.after: Callable[[list[str]], None] = lambda job_ids: None  # (mesh) the replica stops released ranks
+        self.ended: Callable[[JobRecord, Job, str], None] = lambda rec, job, old: None  # job control's waiters
+        self._events: deque[ev.Event] = deque()
+        self._dispatching = False
+        self._stimulus = itertools.count(1)
+
+    def sid(self, kind: str) -> str:
+        """A new stimulus id."""
+        return f"{kind}-{next(self._stimulus)}"
+
+    def dispatch(self, event: ev.Event) -> None:
+        """Feed `event` to the engine (events raised while handling one are queued, never nested)."""
+        self._events.append(event)
+        if self._dispatching:
+            return
+        self._dispatching = True
+        try:
+            while self._events:
+                self.handle(self._events.popleft())
+        finally:
+            self._dispatching = False
+
+    def dispatch_queued(self) -> None:
+        """Handle what was queued while nothing is being handled (an input queued from outside the loop)."""
+        if self._events and not self._dispatching:
+            self.dispatch(self._events.popleft())
+
+    def input(self, event: ev.Event, run: int | None = None, queued: bool = False, record: dict | None = None) -> None:
+        """Something happened here: the engine hears of it now (one server) or once the mesh's leader has put
+        it in the log (`queued`: after the event being handled, never nested)."""
+        if self.mesh is not None:
+            self.mesh.propose(event, run, record)
+        elif queued:
+            self._events.append(event)
+        else:
+            self.dispatch(event)
+
+    def handle(self, event: ev.Event, now: float | None = None, act: bool = True, index: int | None = None) -> None:
+        """One event in one journal transaction; `act`: carry out its actions (a mesh replaying what this node
+        already did does not); `index`: the log entry it is (journaled as applied)."""
+        now = time.time() if now is None else now
+        jid = getattr(event, "job_id", None) or getattr(getattr(event, "spec", None), "job_id", None)
+        memory = self.engine.memory
+        with self.journal.batch():
+            actions = self.engine.handle(event, now)
+            touched = ([jid] if jid else []) + self.engine.take_changed()  # the event's job, what the engine changed
+            if self.engine.memory is not memory:  # the preemption layer remembered something: durable with it
+                self._journal_memory()
+            for action in actions:
+                if act:
+                    dispatch("meshd", self.handlers, action)
+                elif isinstance(action, ScheduleTimer):
+                    self.handlers[ScheduleTimer](action)
+            for job_id in dict.fromkeys(touched):
+                self._sync(job_id, now)
+            if index is not None:
+                self.journal.set_applied(index)
+        self.after(touched)
+
+    def _sync(self, job_id: str, now: float) -> None:
+        """Mirror the engine's view of a job into its durable record and journal any transition."""
+        job = self.engine.state.jobs.get(job_id)
+        rec = self.records.get(job_id)
+        if job is None or rec is None:
+            return
+        old = mirror(rec, job, now)
+        if self.mesh is not None and not job.state.holds_gpus and rec.supervisor_pid and \
+                not self.launcher.running(job_id):
+            rec.supervisor_pid, rec.supervisor_start = 0, ""  # its exit is in the log now
+        self.ended(rec, job, old)
+        if old != rec.state:
+            self.journal.transition(job_id, now, rec.state, rec.reason)
+            why = f" ({rec.reason})" if rec.reason else ""
+            LOG.info("job %s (%s): %s -> %s%s", job_id, rec.name, old, rec.state, why)
+        self.journal.put(rec)
+
+    def _journal_memory(self) -> None:
+        layer = self.engine.policy.remembers()
+        if layer is not None and self.engine.memory is not None and self.mesh is None:  # a mesh replays its log
+            self.journal.put_memory(layer.encode_memory(self.engine.memory))
+
+    def restore_memory(self) -> None:
+        """(one server) The preemption layer's memory from the journal (Lazer: deferrals, observations), before
+        anything is scheduled: a restart neither forgets what it learned nor a deferral it promised."""
+        layer = self.engine.policy.remembers()
+        text = self.journal.load_memory()
+        if layer is None or text is None:
+            return
+        try:
+            self.engine.memory = layer.decode_memory(text)
+        except (ValueError, KeyError, TypeError) as exc:
+            LOG.warning("the policy's journaled memory is unreadable (%s); it starts afresh", exc)

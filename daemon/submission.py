@@ -1,0 +1,142 @@
+"""The one submit path of meshd: a SubmitRequest (with job control's options) refused at the door when the cluster
+could never run it, else made into job records (one, or an array's tasks), journaled in one transaction and posted
+to the engine as JobSubmitted (one server) or proposed to the mesh's leader with the record (a mesh). The API, job
+control and the mesh's replay of unsent submits all go through `Submission`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from meshsched import events as ev
+from meshsched.daemon.config import DaemonConfig
+from meshsched.daemon.control import PLAIN, ControlRequest, JobControl, expand_pattern
+from meshsched.daemon.engine_loop import EngineLoop
+from meshsched.daemon.journal import JobRecord, Journal
+from meshsched.daemon.mesh_node import record_payload
+from meshsched.daemon.mirror import job_spec
+from meshsched.engine import Engine
+from meshsched.state import JobSpec
+from meshsched.wire.protocol import DEFAULT_ITERATIONS, SubmitRequest
+
+if TYPE_CHECKING:  # for the type only: daemon.mesh loads the etcd coordinator, which one server never needs
+    from meshsched.daemon.mesh import MeshLink
+
+
+class SubmitError(ValueError):
+    """A submission the cluster can never run (answered 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitContext:
+    """What Submission uses of its node."""
+
+    config: DaemonConfig  # jobs_dir, node_name
+    records: dict[str, JobRecord]
+    engine: Engine  # the door's admission check
+    journal: Journal
+    loop: EngineLoop  # dispatch / input, sid
+    control: JobControl  # dependency ids resolved
+    mesh: MeshLink | None  # (its `synced`) None on one server
+    id_floor: int  # new job ids continue past every existing job directory
+
+
+class Submission:
+    def __init__(self, ctx: SubmitContext) -> None:
+        self.ctx = ctx
+
+    def submit(self, req: SubmitRequest, ctl: ControlRequest = PLAIN, user: str = "",
+               uid: int | None = None) -> list[JobRecord]:
+        """One job or a whole array in one journal transaction, run as `uid` (None: meshd's user); its records."""
+        c = self.ctx
+        self.refuse_never_runnable(req)  # one line, no id taken, nothing journaled
+        deps = c.control.resolve(ctl.dependency)
+        seq, head = self.new_job_id()
+        now = time.time()
+        recs = [self._record(req, ctl, user, uid, seq, head, task, deps, now) for task in ctl.tasks or (None,)]
+        for rec in recs:
+            job_spec(rec)  # validates
+        with c.journal.batch():  # durable first: a failed write (full disk) leaves no phantom job
+            for rec in recs:
+                c.journal.put(rec)
+                c.journal.transition(rec.job_id, now, "PENDING", "submitted")
+        for rec in recs:
+            c.records[rec.job_id] = rec
+        with c.journal.batch():  # every task's first scheduling pass in one commit
+            for rec in recs:
+                self.post(rec)
+        return recs
+
+    def _record(self, req: SubmitRequest, ctl: ControlRequest, user: str, uid: int | None, seq: int, head: str,
+                task: int | None, deps: list, now: float) -> JobRecord:
+        array_id = head if ctl.tasks else ""
+        name = req.name or default_name(req.command)
+        job_id = head if task is None else f"{head}_{task}"
+        env = dict(req.env)
+        if task is not None:
+            env.update(MESH_ARRAY_JOB_ID=array_id, MESH_ARRAY_TASK_ID=str(task),
+                       MESH_ARRAY_TASK_COUNT=str(len(ctl.tasks)), MESH_ARRAY_TASK_MIN=str(ctl.tasks[0]),
+                       MESH_ARRAY_TASK_MAX=str(ctl.tasks[-1]))
+        files = {k: _path(getattr(ctl, k), req.cwd, job_id, array_id, task, user, name) for k in ("output", "error")}
+        return JobRecord(
+            job_id=job_id, seq=seq, gpus=req.gpus, model=req.model, batch_size=req.batch_size,
+            iterations=req.iterations or DEFAULT_ITERATIONS, iterations_given=req.iterations is not None,
+            submit_time=now, name=name, user=user, deadline=req.deadline, guaranteed=req.guaranteed,
+            command=req.command, cwd=req.cwd, env=env, job_dir=str(self.ctx.config.jobs_dir / job_id),
+            array_id=array_id, array_task=task, array_limit=ctl.array_limit, dependency=deps,
+            time_limit=ctl.time_limit, held=ctl.hold, uid=uid, begin_time=ctl.begin, **files, **resources(req),
+        )
+
+    def post(self, rec: JobRecord) -> None:
+        """A journaled submit reaches the engine (one server) or the mesh's leader with what nodes need to run it."""
+        loop = self.ctx.loop
+        event = ev.JobSubmitted(loop.sid("submit"), job_spec(rec), held=rec.held)
+        if self.ctx.mesh is None:
+            loop.dispatch(event)
+        else:
+            loop.input(event, record=record_payload(rec))
+
+    def new_job_id(self) -> tuple[int, str]:
+        """The next sequence number and the job id it makes (in a mesh `NODE.SEQ`: unique without a leader)."""
+        seq = self.ctx.journal.next_seq(self.ctx.id_floor)
+        return seq, str(seq) if self.ctx.mesh is None else f"{self.ctx.config.node_name}.{seq}"
+
+    def refuse_never_runnable(self, req: SubmitRequest) -> None:
+        """SubmitError (answered 400; no id taken, nothing journaled) with the engine's one line on why the job
+        could never run (`Engine.admission_error`: more GPUs than the live nodes have, more CPUs or memory than any
+        node has, a plan the plan model calls infeasible, a guaranteed job over its tenant's quota). A mesh that
+        has not caught up with its log has a partial view: its leader decides."""
+        mesh = self.ctx.mesh
+        if mesh is not None and not mesh.synced:
+            return
+        spec = JobSpec(job_id="new", gpus=req.gpus, model=req.model, batch_size=req.batch_size,
+                       iterations=req.iterations or DEFAULT_ITERATIONS, guaranteed=req.guaranteed, **resources(req))
+        why = self.ctx.engine.admission_error(spec)
+        if why is not None:
+            raise SubmitError(f"refused: {why.removeprefix('new: ')}")  # an id never given out
+
+
+def resources(req: SubmitRequest) -> dict[str, Any]:
+    """The JobRecord fields of the plan and resources a submit asked for (`--plan --cpus --mem --tenant`)."""
+    return {"plan": req.plan, "cpus": req.cpus, "memory_gb": req.memory_gb, "tenant": req.tenant}
+
+
+def default_name(command: list[str]) -> str:
+    """A job's name when none is given: its script's file name (40 characters at most), with control characters
+    (newlines, escapes) replaced by '?': it becomes a column of `mesh ls`."""
+    if len(command) > 1 and Path(command[0]).name.startswith("python"):  # the first argument that is no option
+        script = next((a for a in command[1:] if not a.startswith("-")), command[0])
+    else:
+        script = command[0]
+    return "".join(c if c.isprintable() else "?" for c in Path(script).name[:40])
+
+
+def _path(pattern: str, cwd: str, job_id: str, array_id: str, task: int | None, user: str, name: str) -> str:
+    if not pattern:
+        return ""
+    path = expand_pattern(pattern, job_id=job_id, array_id=array_id, task=task, user=user, name=name)
+    return os.path.normpath(os.path.join(cwd, path))

@@ -1,0 +1,192 @@
+"""Shared helpers for the daemon tests: short socket dirs, configs, polling with a deadline, cleanup, an SDK job."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from meshsched.daemon.config import DaemonConfig
+
+from meshsched.wire.protocol import SubmitRequest
+
+PY = sys.executable
+
+
+def short_dir() -> Path:
+    """A short directory under /tmp: Unix socket paths must stay < 100 characters."""
+    return Path(tempfile.mkdtemp(prefix="md", dir="/tmp"))
+
+
+def make_config(state: Path, runtime: Path, gpus: int = 4, **kw) -> DaemonConfig:
+    return DaemonConfig(state_dir=state, runtime_dir=runtime, fake_gpus=gpus, node_name="n1",
+                        kill_grace=kw.pop("kill_grace", 1.0), **kw).validate()
+
+
+def py(code: str) -> list[str]:
+    return [PY, "-c", code]
+
+
+async def wait_for(pred, timeout: float = 15.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def poll(pred, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def start_meshd(state: Path, runtime: Path, *flags: str, env: dict | None = None):
+    """A real meshd process on fake GPUs (`flags`: more meshd options); returns (process, API client) once it serves."""
+    from meshsched.cli.client import Client, DaemonUnavailable
+
+    argv = [PY, "-m", "meshsched.daemon.main", "--state-dir", str(state), "--runtime-dir", str(runtime), *flags]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
+    client = Client(runtime / "api.sock")
+
+    def up() -> bool:
+        try:
+            return client.call("GET", "/v1/health")["status"] == "running"
+        except DaemonUnavailable:
+            assert proc.poll() is None, "meshd exited"
+            return False
+
+    poll(up, what="meshd serving")
+    return proc, client
+
+
+def kill_sessions(pids) -> None:
+    """SIGKILL the sessions (job supervisors and their ranks) a test left behind."""
+    for pid in pids:
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+async def close_daemon(daemon) -> None:
+    """Close a test's NodeDaemon, then kill what its jobs left running and remove their cgroups."""
+    pids = [r.supervisor_pid for r in daemon.records.values()]
+    await daemon.close()
+    kill_sessions(pids)
+    release_cgroups(daemon)
+
+
+def release_cgroups(daemon) -> None:
+    """Remove the job cgroups (daemon/confine.py) of jobs a test killed behind meshd's back, and their parent."""
+    conf = daemon.launcher.confiner if daemon.launcher is not None else None
+    if conf is None or conf.parent is None:
+        return
+    deadline = time.monotonic() + 5.0
+    while not conf.remove() and time.monotonic() < deadline:  # SIGKILLed processes take a moment to go
+        time.sleep(0.02)
+    try:
+        conf.parent.rmdir()
+    except OSError:
+        pass
+
+
+def sweep_job_cgroups() -> None:
+    """Remove the empty job cgroups (and their parents) that tests which kill jobs behind meshd's back left
+    under this process's cgroup (v2, or v1 memory); one with a process in it stays."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        base = Path("/sys/fs/cgroup", *(("memory",) if "memory" in controllers.split(",") else ()), path.lstrip("/"))
+        if controllers and "memory" not in controllers.split(","):
+            continue
+        for leftover in [*base.glob("mesh-jobs-*/mesh-job-*"), *base.glob("mesh-jobs-*")]:
+            try:
+                leftover.rmdir()
+            except OSError:
+                pass
+
+
+def remove(*dirs: Path) -> None:
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def daemon_with_mps(state: Path, gpus: int):
+    """A started NodeDaemon on `gpus` fake GPUs whose MPS manager is real (a stand-in control tool on PATH, the
+    `fake_control` fixture), as with NVML GPUs and use_mps; everything it started is gone afterwards."""
+    from meshsched.daemon.node import NodeDaemon
+
+    runtime = short_dir()
+    d = NodeDaemon(make_config(state, runtime, gpus=gpus, use_mps=True))  # RealMps(runtime / "mps", its GPUs)
+    await d.start()
+    try:
+        yield d
+    finally:
+        pids = [r.supervisor_pid for r in d.records.values()]
+        await d.close()
+        kill_sessions(pids)
+        remove(runtime)
+
+
+def submit(d, command: list[str], gpus: int = 1, iters: int = 100, **kw):
+    return d.submit(SubmitRequest(command=command, cwd="/tmp", gpus=gpus, iterations=iters, **kw), "tester")
+
+
+def state(d, job_id: str) -> str:
+    return d.records[job_id].state
+
+
+# A meshsched.job script: counts steps, checkpoints, exits on request, prints its total at the end.
+JOB = '''
+import json, os, sys, time
+from pathlib import Path
+from meshsched import job
+
+class Counter(job.State):
+    def __init__(self):
+        super().__init__("counter")
+        self.total = 0
+    def state_dict(self):
+        return {"total": self.total}
+    def load_state_dict(self, s):
+        self.total = s["total"]
+    def save(self, path):
+        path.write_text(json.dumps(self.state_dict()))
+    def load(self, path):
+        self.load_state_dict(json.loads(path.read_text()))
+
+c = Counter()
+sess = job.attach(checkpoint_every=1000, rng=False)
+sess.add(c)
+print("resumed at", sess.resume(), flush=True)
+while sess.step < 300:
+    c.total += sess.step
+    if os.environ["MESH_RESTART_COUNT"] == "0":
+        time.sleep(0.02)
+    if sess.end_step(samples=4):
+        print("exit at", sess.step, "-", sess.exit_reason, flush=True)
+        sess.exit()
+sess.close()
+print("done", sess.step, c.total, flush=True)
+'''
