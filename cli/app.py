@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from meshsched.cli import jobs, profiles, simulate
+from meshsched.cli.client import RECONNECT_SECONDS
 
 app = typer.Typer(
     name="mesh",
@@ -70,11 +71,14 @@ def submit(
     cpus: int | None = typer.Option(None, "--cpus", help="CPU cores in all (default: the node's share per GPU)"),
     mem: str = typer.Option("", "--mem", help="host memory in all, in GB (64 or 64G; default: the node's share)"),
     tenant: str = typer.Option("", "--tenant", help="tenant whose quota a --guaranteed job uses (default: default)"),
+    reconnect: float = typer.Option(
+        RECONNECT_SECONDS, "--reconnect", metavar="SECONDS",
+        help="with --wait: how long to wait for a meshd that went away (restarted) to come back"),
 ) -> None:
     """Submit a training job; prints its id. A job that could never run (a plan that does not fit, more CPUs or
     memory than any node has, a guaranteed job over its tenant's quota) is refused in one line, nothing queued."""
     jobs.submit(str(script), list(args or []), gpus, batch_size, iters, model, name, deadline, guaranteed, as_json,
-                array, dependency, time_limit, hold, wait, output, error, begin, plan, cpus, mem, tenant)
+                array, dependency, time_limit, hold, wait, output, error, begin, plan, cpus, mem, tenant, reconnect)
 
 
 @app.command("ls")
@@ -101,9 +105,13 @@ def logs(
     job_id: str = typer.Argument(..., help="job id"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends"),
     rank: int = typer.Option(0, "--rank", "-r", help="which worker's log"),
+    reconnect: float = typer.Option(
+        RECONNECT_SECONDS, "--reconnect", metavar="SECONDS",
+        help="how long to wait for a meshd that went away (restarted) to come back"),
 ) -> None:
-    """Print a job's log (one file per rank); while it is empty, says so on stderr."""
-    jobs.logs(job_id, follow, rank)
+    """Print a job's log (one file per rank); while it is empty, says so on stderr. With -f, a restart of meshd
+    is ridden through: the log goes on from where it was, no line twice."""
+    jobs.logs(job_id, follow, rank, reconnect)
 
 
 @app.command()
@@ -156,9 +164,17 @@ def top(
     once: bool = typer.Option(False, "--once", help="print one frame and exit"),
     interval: float = typer.Option(1.0, "--interval", help="seconds between refreshes"),
     as_json: bool = typer.Option(False, "--json", help="print one frame (nodes and jobs) as JSON and exit"),
+    width: int = typer.Option(
+        0, "--width", help="lay the frame out in this many columns (default: the terminal's; into a pipe: all)"),
+    reconnect: float = typer.Option(
+        RECONNECT_SECONDS, "--reconnect", metavar="SECONDS",
+        help="how long the live view waits for a meshd that went away (restarted) to come back"),
 ) -> None:
-    """Live view: one line per GPU (gpustat style), one row per job (GPU% is '-' where it is not measured)."""
-    jobs.top(once, interval, as_json)
+    """Live view: one line per GPU (gpustat style), one row per job (GPU% is '-' where it is not measured); `q`
+    quits. Narrow terminals keep JOBID, NAME and STATE and drop the other columns, least useful first."""
+    from meshsched.cli import top as top_view
+
+    top_view.top(once, interval, as_json, width, reconnect)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -14,10 +14,16 @@ except ImportError:  # an interpreter without it
     import socket
 
 SOCKET_HELP = "point mesh at a running one: MESH_API_SOCKET=RUNTIME_DIR/api.sock or MESHD_RUNTIME_DIR=RUNTIME_DIR"
+SERVICE_HELP = "is its service up? `systemctl status meshd` (its log: `journalctl -u meshd`)"
+RECONNECT_SECONDS = 60.0  # how long `--wait`, `logs -f` and `top` wait for a meshd that went away to come back
 
 
 class DaemonUnavailable(ConnectionError):
     """No meshd answers on the socket."""
+
+
+class DaemonGone(DaemonUnavailable):
+    """meshd went away during a command that rides through restarts, and did not come back in time."""
 
 
 class ApiError(Exception):
@@ -86,20 +92,73 @@ class Client:
                 return _read_response(sock)
             except TimeoutError:
                 raise ApiError(504, f"meshd did not answer on {self.path} within {self.timeout:g} s") from None
+            except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError) as exc:  # meshd went mid-answer
+                raise DaemonUnavailable(f"the connection was lost: {exc.strerror or exc}") from None
         finally:
             sock.close()
 
     def call(self, method: str, url: str, body: object = None) -> object:
         """One request; the decoded JSON answer, or ApiError with meshd's message."""
-        import json
+        return decode(*self.raw(method, url, body))
 
-        status, _, data = self.raw(method, url, body)
-        if status >= 400:
-            raise error_of(status, data)
-        try:
-            return json.loads(data) if data else None
-        except ValueError:
-            raise ApiError(status, f"meshd answered something that is not JSON: {data[:80]!r}") from None
+
+def decode(status: int, headers: dict[str, str], data: bytes) -> object:
+    """An answer's JSON, or the ApiError an error answer means."""
+    import json
+
+    if status >= 400:
+        raise error_of(status, data)
+    try:
+        return json.loads(data) if data else None
+    except ValueError:
+        raise ApiError(status, f"meshd answered something that is not JSON: {data[:80]!r}") from None
+
+
+class Riding:
+    """A client that rides through a restart of meshd (an upgrade, systemd's Restart=): a request that finds no
+    meshd (refused, reset, closed, socket missing) is tried again until meshd answers or `within` seconds
+    passed (then DaemonGone), with one notice on stderr when it went and one when it is back. Only once meshd
+    has answered (`contacted`): a first request that finds none fails at once, as with a plain Client. For
+    requests that may be repeated (reads, long-poll waits), never for a submit."""
+
+    def __init__(self, client: Client, within: float = RECONNECT_SECONDS, contacted: bool = False) -> None:
+        self.client, self.within, self.contacted = client, within, contacted
+        self.path = client.path
+
+    def raw(self, method: str, url: str, body: object = None) -> tuple[int, dict[str, str], bytes]:
+        import time
+
+        gone_at, pause = None, 0.1
+        while True:
+            try:
+                answer = self.client.raw(method, url, body)
+            except DaemonUnavailable as exc:
+                if not self.contacted:
+                    raise
+                now = time.monotonic()
+                if gone_at is None and self.within > 0:
+                    gone_at = now
+                    _notice(f"meshd went away ({exc}); reconnecting for up to {self.within:g} s ...")
+                if gone_at is None or now - gone_at >= self.within:
+                    raise DaemonGone(f"meshd at {self.path} went away and did not come back within "
+                                     f"{self.within:g} s ({exc}); {SERVICE_HELP}") from None
+                time.sleep(min(pause, gone_at + self.within - now))
+                pause = min(1.0, pause * 2)
+                continue
+            self.contacted = True
+            if gone_at is not None:
+                _notice("reconnected to meshd")
+            return answer
+
+    def call(self, method: str, url: str, body: object = None) -> object:
+        return decode(*self.raw(method, url, body))
+
+
+def _notice(text: str) -> None:
+    import sys
+
+    sys.stderr.write(f"mesh: {text}\n")
+    sys.stderr.flush()
 
 
 def error_of(status: int, data: bytes) -> ApiError:

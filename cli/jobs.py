@@ -1,9 +1,9 @@
-"""The job commands (`submit`, `ls`, `show`, `logs`, `cancel`, `hold`, `release`, `requeue`, `nodes`, `top`):
-thin clients of meshd's API.
+"""The job commands (`submit`, `ls`, `show`, `logs`, `cancel`, `hold`, `release`, `requeue`, `nodes`): thin
+clients of meshd's API (`top` is in cli/top.py).
 
 Plain functions with keyword arguments, called by the lean parser (cli/fast.py) and by the typer app
 (cli/app.py) alike. Module imports are stdlib only (no typer, no rich, no pathlib): a `mesh ls` pays only
-for what it uses; `top`'s live view imports rich when it draws.
+for what it uses.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import os
 import sys
 import time
 
-from meshsched.cli.client import SOCKET_HELP, ApiError, Client, DaemonUnavailable, error_of
+from meshsched.cli.client import (RECONNECT_SECONDS, SERVICE_HELP, SOCKET_HELP, ApiError, Client, DaemonGone,
+                                  DaemonUnavailable, Riding, error_of)
 from meshsched.cli.output import fail, print_json, print_json_bytes
 from meshsched.wire.jobtable import batch, columns, exec_of, fmt_time, mps, partners
 
@@ -21,7 +22,7 @@ NOTHING_TO_CANCEL = 3  # `mesh cancel` exit code when a job had already ended (d
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def api_call(method: str, url: str, body: object = None, client: Client | None = None) -> object:
+def api_call(method: str, url: str, body: object = None, client: Client | Riding | None = None) -> object:
     """One API call; meshd not reachable or an API error becomes a one-line error and an exit."""
     client = client or Client()
     try:
@@ -46,9 +47,11 @@ def api_bytes(url: str) -> bytes:
     return data
 
 
-def unreachable(client: Client, exc: Exception) -> None:
-    fail(f"meshd is not running (no daemon at {client.path}: {exc}); start one with `meshd --fake-gpus 8 &` "
-         f"(or `mesh daemon`, `systemctl start meshd`), or {SOCKET_HELP}")
+def unreachable(client: Client | Riding, exc: Exception) -> None:
+    """The one line for no meshd: the socket tried, the service to look at, how to point mesh elsewhere."""
+    if isinstance(exc, DaemonGone):  # it was there, went away, and did not come back in time
+        fail(str(exc))
+    fail(f"meshd is not running (no daemon at {client.path}: {exc}); {SERVICE_HELP}; or {SOCKET_HELP}")
 
 
 def parse_deadline(text: str, now: float) -> float:
@@ -144,7 +147,7 @@ def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size
            model: str = "custom", name: str = "", deadline: str = "", guaranteed: bool = False,
            as_json: bool = False, array: str = "", dependency: str = "", time_limit: str = "", hold: bool = False,
            wait: bool = False, output: str = "", error: str = "", begin: str = "", plan: str = "",
-           cpus: int | None = None, mem: str = "", tenant: str = "") -> None:
+           cpus: int | None = None, mem: str = "", tenant: str = "", reconnect: float = RECONNECT_SECONDS) -> None:
     if gpus < 1:
         fail(f"--gpus must be at least 1, got {gpus}")
     if iters is not None and iters < 1:
@@ -186,13 +189,14 @@ def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size
         sys.stdout.write(f"Submitted job {job_id}\n")
     if wait:
         sys.stdout.flush()
-        raise SystemExit(wait_for(job_id))
+        raise SystemExit(wait_for(job_id, reconnect))
 
 
-def wait_for(job_id: str) -> int:
+def wait_for(job_id: str, reconnect: float = RECONNECT_SECONDS) -> int:
     """Block until the job (every task of an array) ended; its exit code: 0 COMPLETED, a failed rank's code,
-    else 1 (FAILED without a code, CANCELLED, TIMEOUT); the highest over an array's tasks."""
-    client = Client(timeout=90.0)
+    else 1 (FAILED without a code, CANCELLED, TIMEOUT); the highest over an array's tasks. Rides through a
+    restart of meshd (up to `reconnect` seconds away): the job runs on meanwhile, and the wait with it."""
+    client = Riding(Client(timeout=90.0), reconnect, contacted=True)  # the submit just reached meshd
     while True:
         answer = api_call("GET", f"/v1/jobs/{job_id}/wait?timeout=60", client=client)
         if answer["done"]:
@@ -262,9 +266,10 @@ def confinement(job: dict) -> dict[str, str]:
             "memory limit": f"{limit:g} GiB ({by})" if limit is not None else ""}
 
 
-def logs(job_id: str, follow: bool = False, rank: int = 0) -> None:
-    """Print a job's log; says so on stderr while the log is still empty (stdout stays the log alone)."""
-    client = Client()
+def logs(job_id: str, follow: bool = False, rank: int = 0, reconnect: float = RECONNECT_SECONDS) -> None:
+    """Print a job's log; says so on stderr while the log is still empty (stdout stays the log alone). Rides
+    through a restart of meshd once it has answered, and goes on from the byte offset it had."""
+    client = Riding(Client(), reconnect)
     offset, end = 0, None
     said_empty = False
     while True:
@@ -272,6 +277,8 @@ def logs(job_id: str, follow: bool = False, rank: int = 0) -> None:
             status, headers, data = client.raw("GET", f"/v1/jobs/{job_id}/logs?rank={rank}&offset={offset}")
         except DaemonUnavailable as exc:
             unreachable(client, exc)
+        except ApiError as exc:  # someone else's socket, permission denied, no answer in time
+            fail(str(exc), code=1)
         if status >= 400:
             fail(str(error_of(status, data)), code=1)
         state = headers.get("x-job-state", "")
@@ -393,70 +400,3 @@ def nodes(as_json: bool = False) -> None:
     notes = [f"{n['name']}: memory limits not enforced ({n['confinement'].get('why', 'no mechanism')})"
              for n in data if n.get("confinement", {}).get("memory") == "not enforced"]
     _out(columns(rows) + notes)
-
-
-def gpu_share(job: dict, gpus: dict[int, dict]) -> str:
-    """The mean utilisation of the GPUs a job holds, as the backend measures it; '-' when not known."""
-    readings = [gpus[i]["utilization"] for i in job.get("gpu_names") or () if i in gpus]
-    if job["state"] not in ("LOADING", "RUNNING", "PAUSING") or not readings or min(readings) < 0:
-        return "-"
-    return f"{sum(readings) / len(readings):.0f}"
-
-
-def top_rows(node: dict, jobs: list[dict]) -> list[tuple[str, ...]]:
-    """`mesh top`'s job rows: JOBID NAME STATE GPUS PARTNER BATCH MPS% GPU% STEP STEPS/S TIME."""
-    gpus = {g["index"]: g for g in node["gpus"]} if node.get("backend") != "fake" else {}
-    rows = [("JOBID", "NAME", "STATE", "GPUS", "PARTNER", "BATCH", "MPS%", "GPU%", "STEP", "STEPS/S", "TIME")]
-    for j in jobs:
-        rate = f"{1 / j['step_time']:.2f}" if j["state"] == "RUNNING" and j["step_time"] > 0 else "-"
-        rows.append((j["job_id"], j["name"], j["state"], ",".join(map(str, j["gpu_names"])) or "-",
-                     partners(j), batch(j), mps(j), gpu_share(j, gpus),
-                     f"{int(j['done_iterations'])}/{j['iterations']}", rate, fmt_time(j["elapsed"])))
-    return rows
-
-
-def top(once: bool = False, interval: float = 1.0, as_json: bool = False) -> None:
-    """Live view: one line per GPU (gpustat style), one row per job; --json prints one frame as JSON."""
-    client = Client()
-
-    def fetch() -> tuple[list[dict], list[dict]]:
-        return api_call("GET", "/v1/nodes", client=client), api_call("GET", "/v1/jobs?all=0", client=client)
-
-    if as_json:
-        nodes_, jobs_ = fetch()
-        print_json({"nodes": nodes_, "jobs": jobs_})
-        return
-    from rich.console import Console, Group
-    from rich.live import Live
-    from rich.markup import escape
-    from rich.table import Table
-
-    def frame() -> Group:
-        nodes_, jobs_ = fetch()
-        node = nodes_[0]
-        fake = node["backend"] == "fake"
-        lines = [f"[bold]{escape(node['name'])}[/]  {node['backend']}  policy {node['policy']}  "
-                 f"queue {node['queue_length']}  free {node['free_gpus']}/{node['total_gpus']}"]
-        for g in node["gpus"]:
-            util = "  - %" if fake or g["utilization"] < 0 else f"{g['utilization']:>3d} %"
-            lines.append(escape(f"[{g['index']}] {g['name']:<12} {util} | {g['memory_used_mb']:>6} / "
-                                f"{g['memory_total_mb']:>6} MB | {', '.join(g['jobs']) or '-'}"))
-        rows = top_rows(node, jobs_)
-        table = Table(box=None, header_style="bold", pad_edge=False)
-        for col in rows[0]:
-            table.add_column(col)
-        for r in rows[1:]:
-            table.add_row(*map(escape, r))
-        return Group(*lines, table)
-
-    console = Console()
-    if once:
-        console.print(frame())
-        return
-    with Live(frame(), console=console, refresh_per_second=4) as live:
-        try:
-            while True:
-                time.sleep(interval)
-                live.update(frame())
-        except KeyboardInterrupt:
-            pass

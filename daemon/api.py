@@ -29,6 +29,7 @@ from meshsched.daemon.control import ControlRequest
 from meshsched.daemon.journal import TERMINAL
 from meshsched.daemon import users
 from meshsched.daemon.metrics import render_metrics
+from meshsched.daemon.privacy import owner_reason
 from meshsched.wire.protocol import SubmitRequest
 
 DAEMON_KEY = web.AppKey("daemon", object)
@@ -70,9 +71,10 @@ async def list_jobs(request: web.Request) -> web.Response:
     if request.query.get("job"):  # some jobs (an array id: its tasks)
         wanted = {r.job_id for j in request.query["job"].split(",") for r in d.control.targets(j)}
         recs = [r for r in recs if r.job_id in wanted]
-    if request.query.get("format") == "table":  # `mesh ls`: the squeue columns, public
-        return web.Response(body=d.listings.table(list(recs)), content_type="text/plain", charset="utf-8")
     who = users.peer(request)
+    if request.query.get("format") == "table":  # `mesh ls`: the squeue columns
+        return web.Response(body=d.listings.table(list(recs), who.uid, who.operator), content_type="text/plain",
+                            charset="utf-8")
     return web.Response(body=d.listings.views(list(recs), who.uid, who.operator), content_type="application/json")
 
 
@@ -86,15 +88,18 @@ async def submit(request: web.Request) -> web.Response:
     except ValueError as exc:  # RequestError, SubmitError, bad JSON, JobSpec validation
         return _error(400, str(exc))
     if not ctl.tasks:
-        return web.json_response(d.listings.job_view(recs[0]), status=201)
+        return web.json_response(d.listings.view_for(recs[0], who.uid, who.operator), status=201)
     return web.json_response({"array_id": recs[0].array_id, "job_ids": [r.job_id for r in recs], "tasks": len(recs),
                               "array_limit": ctl.array_limit}, status=201)
 
 
 async def show(request: web.Request) -> web.Response:
     d, rec = _record(request)
-    view = d.listings.job_view(rec)
+    who = users.peer(request)  # the owner or an operator (_users_guard refuses anyone else)
+    view = d.listings.view_for(rec, who.uid, who.operator)
     view["history"] = d.journal.history(rec.job_id)
+    if not who.operator:  # the transitions' reasons, as the view's: without meshd's own paths
+        view["history"] = [(t, s, owner_reason(r, d.listings.server_dirs, rec.job_dir)) for t, s, r in view["history"]]
     return web.json_response(view)
 
 
@@ -110,7 +115,9 @@ async def cancel(request: web.Request) -> web.Response:
         return web.json_response({"array_id": job_id, "tasks": tasks})
     d, rec = _record(request)
     before = rec.state  # `mesh cancel` says when the job had already ended and nothing was done
-    return web.json_response(dict(d.listings.job_view(d.cancel(rec.job_id)), previous_state=before))
+    who = users.peer(request)
+    return web.json_response(dict(d.listings.view_for(d.cancel(rec.job_id), who.uid, who.operator),
+                                  previous_state=before))
 
 
 async def bulk_cancel(request: web.Request) -> web.Response:
@@ -181,8 +188,11 @@ async def wait(request: web.Request) -> web.Response:
     except ValueError:
         return _error(400, "timeout must be a number of seconds")
     await d.control.wait(recs, timeout)
+    who = users.peer(request)  # the owner or an operator (_users_guard refuses anyone else)
+    shown = (lambda r: r.reason) if who.operator else (
+        lambda r: owner_reason(r.reason, d.listings.server_dirs, r.job_dir))
     return web.json_response({"done": all(r.state in TERMINAL for r in recs), "jobs": [
-        {"job_id": r.job_id, "state": r.state, "reason": r.reason, "exit_code": r.exit_code} for r in recs]})
+        {"job_id": r.job_id, "state": r.state, "reason": shown(r), "exit_code": r.exit_code} for r in recs]})
 
 
 async def explain(request: web.Request) -> web.Response:

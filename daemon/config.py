@@ -181,9 +181,14 @@ class DaemonConfig:
         policies pair only jobs of the same user (PolicyHandle.one_user_per_gpu)."""
         return self.use_mps and bool(self.submit_users)
 
+    @property
+    def submit_names(self) -> tuple[str, ...]:
+        """`submit_users` as its names, @groups and *, in order."""
+        return tuple(u.strip() for u in self.submit_users.split(",") if u.strip())
+
     def may_submit(self, user: str) -> bool:
         """Whether a local user other than meshd's own may use the API (`submit_users`: names, @group, *)."""
-        allowed = {u.strip() for u in self.submit_users.split(",") if u.strip()}
+        allowed = set(self.submit_names)
         if "*" in allowed or user in allowed:
             return True
         groups = {g[1:] for g in allowed if g.startswith("@")}
@@ -242,6 +247,10 @@ class DaemonConfig:
             raise ConfigError(f"systemd_scope must be auto, yes or no, got {self.systemd_scope!r}")
         if self.confine not in ("auto", "cpus", "no"):
             raise ConfigError(f"confine must be auto, cpus or no, got {self.confine!r}")
+        unknown = next((name for name in self.submit_names if not _is_local(name)), None)
+        if unknown is not None:
+            what = "group" if unknown.startswith("@") else "user"
+            raise ConfigError(f"submit_users: {unknown} is no local {what} (give names from /etc/passwd, @GROUP or *)")
         if self.submit_users and os.geteuid() != 0:
             raise ConfigError("submit_users needs meshd to run as root (it starts each job as its submitter)")
         if self.http_tcp and not self.token:
@@ -249,6 +258,23 @@ class DaemonConfig:
         if len(str(self.api_socket)) > 100:
             raise ConfigError(f"runtime_dir {self.runtime_dir} is too long for a Unix socket path")
         return self
+
+
+def _is_local(name: str) -> bool:
+    """Whether a `submit_users` entry names this machine's users: *, a user, or @ a group."""
+    import grp
+    import pwd
+
+    try:
+        if name == "*":
+            return True
+        if name.startswith("@"):
+            grp.getgrnam(name[1:])
+        else:
+            pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def _coerce(name: str, kind: Any, value: Any, source: str) -> Any:

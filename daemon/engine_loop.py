@@ -1,7 +1,9 @@
 """EngineLoop: the one way into meshd's engine: event -> engine -> journal -> actions.
 
 Events raised while one is handled are queued, never nested. Every engine event runs in one journal transaction;
-the records of the jobs it changed are mirrored from the engine (`daemon.mirror`) and written in it. What happens
+the records of the jobs it changed are mirrored from the engine (`daemon.mirror`) and written in it. A transaction
+a full disk refuses is kept in memory and retried (`daemon.diskwatch`): the event stands, and what is said of a
+job is what happened to it. What happens
 on this node is an *input*: one server hands it to the engine at once, a mesh proposes it to the leader
 (`daemon.mesh.MeshLink`) and applies it once it is in the log. The loop also names each stimulus (`sid`).
 """
@@ -14,11 +16,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from meshsched import events as ev
-from meshsched.actions import ScheduleTimer
-from meshsched.daemon.journal import Journal, JobRecord
+from meshsched.daemon.diskwatch import DiskWatch
+from meshsched.daemon.journal import JobRecord, Journal
 from meshsched.daemon.launcher import Launcher
 from meshsched.daemon.mirror import mirror
+
+from meshsched import events as ev
+from meshsched.actions import ScheduleTimer
 from meshsched.engine import Engine
 from meshsched.executor import dispatch
 from meshsched.state import Job
@@ -40,6 +44,7 @@ class EngineLoop:
         self._events: deque[ev.Event] = deque()
         self._dispatching = False
         self._stimulus = itertools.count(1)
+        self.disk = DiskWatch(journal)  # a full disk: writes kept and retried, new launches held
 
     def sid(self, kind: str) -> str:
         """A new stimulus id."""
@@ -78,7 +83,7 @@ class EngineLoop:
         now = time.time() if now is None else now
         jid = getattr(event, "job_id", None) or getattr(getattr(event, "spec", None), "job_id", None)
         memory = self.engine.memory
-        with self.journal.batch():
+        with self.journal.batch(defer=True):  # the event happened: a full disk keeps its writes for a retry
             actions = self.engine.handle(event, now)
             touched = ([jid] if jid else []) + self.engine.take_changed()  # the event's job, what the engine changed
             if self.engine.memory is not memory:  # the preemption layer remembered something: durable with it
@@ -92,6 +97,7 @@ class EngineLoop:
                 self._sync(job_id, now)
             if index is not None:
                 self.journal.set_applied(index)
+        self.disk.check()
         self.after(touched)
 
     def _sync(self, job_id: str, now: float) -> None:
@@ -101,6 +107,8 @@ class EngineLoop:
         if job is None or rec is None:
             return
         old = mirror(rec, job, now)
+        if job_id in self.disk.parked:  # its launch waits for disk space
+            rec.reason = self.disk.reason
         if self.mesh is not None and not job.state.holds_gpus and rec.supervisor_pid and \
                 not self.launcher.running(job_id):
             rec.supervisor_pid, rec.supervisor_start = 0, ""  # its exit is in the log now

@@ -11,6 +11,8 @@ MESH_REPORT_INTERVAL, 1 s by default), meshd nudges the connection of the job's 
 that it reads nudges ("nudge": 1, as meshsched.job does): an unsolicited frame {"type": "ok", "seq": None,
 "nudge": True}, upon which the client sends at once and gets the directives with the reply. A nudge
 carries nothing, so a lost one loses nothing.
+A job's supervisor says how the job ended in a `result` frame (as well as in result.json, which a full disk may
+refuse); it is taken from the session's leader only, and acknowledged once meshd holds it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ import socket
 import struct
 from collections.abc import Awaitable, Callable
 
-from meshsched.wire.protocol import HEADER, ProtocolError, ReportRefused, decode_body, encode_frame, frame_length
+from meshsched.wire.protocol import (
+    HEADER,
+    ProtocolError,
+    ReportRefused,
+    decode_body,
+    encode_frame,
+    frame_length,
+)
 
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
 FRAME_TIMEOUT = 10.0  # seconds for the rest of a frame once its first byte arrived
@@ -122,6 +131,11 @@ async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamW
                 continue
         elif kind == "checkpoint":
             daemon.job_checkpoint(job_id, float(msg["iterations"]))
+        elif kind == "result":  # how the job ended, from its supervisor (the leader of the job's session) only
+            if os.getsid(pid) != pid:
+                await _reply(writer, {"type": "error", "error": "only the job's supervisor says how it ended"})
+                return
+            daemon.launcher.told(job_id, msg["status"], msg.get("reason") or "", msg.get("exit_code"))
         seq = msg.get("seq")  # echoed only when it is a small int or string
         seq = seq if isinstance(seq, (int, str)) and not isinstance(seq, bool) and len(str(seq)) < 64 else None
         reply = {"type": "ok", "job_id": job_id, "seq": seq}

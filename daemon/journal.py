@@ -2,17 +2,21 @@
 
 Only meshd writes it. One transaction per engine event (`batch()`); WAL with synchronous=NORMAL survives
 a killed daemon (kill -9) without losing a committed transaction. `mesh` never opens it: it asks meshd.
-A file that is not a readable journal raises JournalError with one line saying what to do; ids never go
-back below a floor the caller gives (the highest existing job directory), so a lost journal reuses nothing.
+A batch's writes are committed when it ends; an engine event's that a full disk refuses are kept in memory
+and go with the next commit (`pending`, `retry`; daemon/diskwatch.py retries them).
+A file that is not a readable journal (not SQLite, or a damaged page: SQLite's quick check runs at open) raises
+JournalError with one line saying what to do; ids never go back below a floor the caller gives (daemon/idmark.py:
+every id given out and every job directory, kept apart from the journal), so a lost journal reuses nothing.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -116,6 +120,19 @@ class JournalError(RuntimeError):
     """The journal cannot be opened or read (corrupt, not a database, unreadable)."""
 
 
+def unusable(path: Path, why: str) -> str:
+    """The one line meshd stops with when its journal cannot be read."""
+    return (f"journal {path} is unusable ({why}); move it aside to start with an empty queue (meshd then stops "
+            "the jobs it no longer knows, and job ids continue past every id given out)")
+
+
+def _damage(db: sqlite3.Connection) -> str:
+    """What SQLite's quick check finds wrong with every page of the journal ("" : nothing); a damaged page that no
+    query at start happens to read (the policy's memory, the id counter) is found here, before meshd serves."""
+    rows = [r[0] for r in db.execute("PRAGMA quick_check(3)")]
+    return "" if rows == ["ok"] else "database disk image is malformed: " + "; ".join(map(str, rows))
+
+
 class Journal:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,11 +146,12 @@ class Journal:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(SCHEMA)
             self._db.execute("SELECT count(*) FROM jobs").fetchone()
+            problem = _damage(self._db)
         except sqlite3.DatabaseError as exc:
-            raise JournalError(
-                f"journal {path} is unusable ({exc}); move it aside to start with an empty queue "
-                "(job ids continue past the existing job directories)"
-            ) from None
+            problem = str(exc)
+        if problem:
+            raise JournalError(unusable(path, problem))
+        self.path = path
         self._depth = 0
         # Write transactions ended (committed or not) and records put: every change to a job record and every
         # engine event goes through one, so a view of the jobs made at one count holds until the count moves.
@@ -141,12 +159,25 @@ class Journal:
         # engine's word on it (its pending reason) is the same (daemon/listing.py caches `mesh ls` on both).
         self.writes = 0
         self.stamps: dict[str, int] = {}
+        self._write_side()
+
+    def _write_side(self) -> None:
+        self._rows: dict[tuple, tuple[str, tuple]] = {}  # the open batch's writes, by row (the last one wins)
+        self._defer = False  # the open batch keeps its writes in memory when they cannot be committed
+        self._order = itertools.count()  # transitions are rows of their own, in order
+        self.pending: dict[tuple, tuple[str, tuple]] = {}  # writes a failed commit kept (retried with the next)
+        self.failure = ""  # why the last commit failed ("" once one succeeded)
 
     @contextmanager
-    def batch(self) -> Iterator[None]:
-        """One transaction around everything written inside (nestable; the outermost commits)."""
+    def batch(self, defer: bool = False) -> Iterator[None]:
+        """One transaction around everything written inside (nestable; the outermost commits). The writes are
+        kept until the outermost batch ends and then committed together with any kept from before (`pending`).
+        When that commit fails (a full disk: sqlite3.OperationalError, OSError), a batch that is or holds one
+        opened with `defer` (an engine event: what it changed is already true in memory) keeps its writes in
+        `pending` to go with the next commit (`retry`); any other batch raises and its writes are dropped."""
         if self._depth == 0:
-            self._db.execute("BEGIN IMMEDIATE")
+            self._rows, self._defer = {}, False
+        self._defer = self._defer or defer
         self._depth += 1
         try:
             yield
@@ -154,50 +185,96 @@ class Journal:
             self._depth -= 1
             if self._depth == 0:
                 self.writes += 1
-                self._db.execute("ROLLBACK")
+                self._rows = {}
             raise
         self._depth -= 1
         if self._depth == 0:
             self.writes += 1
+            self._commit()
+
+    def _commit(self) -> None:
+        """Write the kept writes and the batch's in one transaction (the batch's win where both name a row)."""
+        rows, self._rows = {**self.pending, **self._rows}, {}
+        if not rows:
+            return
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            for sql, args in rows.values():
+                self._db.execute(sql, args)
             self._db.execute("COMMIT")
+        except (sqlite3.OperationalError, OSError) as exc:
+            if self._db.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
+                with suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+            self.failure = str(exc) or type(exc).__name__
+            if not self._defer:
+                raise
+            self.pending = rows
+            return
+        self.pending, self.failure = {}, ""
+
+    def retry(self) -> bool:
+        """Commit what earlier batches could not; True when nothing is kept any more."""
+        with self.batch(defer=True):
+            pass
+        return not self.pending
+
+    def _stage(self, key: tuple, sql: str, args: tuple) -> None:
+        if self._depth == 0:  # outside a batch: a batch of its own
+            with self.batch():
+                self._rows[key] = (sql, args)
+        else:
+            self._rows[key] = (sql, args)
 
     def next_seq(self, floor: int = 1) -> int:
-        """The next job sequence number, never below `floor`."""
-        with self.batch():
+        """The next job sequence number, never below `floor`; committed at once, on its own (an id is given out
+        only once it is durable: a full disk raises)."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
             row = self._db.execute("SELECT value FROM meta WHERE key='next_seq'").fetchone()
             seq = max(int(row[0]) if row else 1, floor)
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('next_seq', ?)", (str(seq + 1),))
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                with suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+            raise
         return seq
 
     def applied(self) -> int:
         """(mesh) The last log entry whose actions this node carried out (0: none)."""
-        row = self._db.execute("SELECT value FROM meta WHERE key='mesh_applied'").fetchone()
+        try:
+            row = self._db.execute("SELECT value FROM meta WHERE key='mesh_applied'").fetchone()
+        except sqlite3.DatabaseError as exc:  # a first read at start (under the etcd coordinator)
+            raise JournalError(unusable(self.path, str(exc))) from None
         return int(row[0]) if row else 0
 
     def set_applied(self, index: int) -> None:
         """Inside the batch of the records that entry changed, so both commit or neither does."""
-        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('mesh_applied', ?)", (str(index),))
+        self._stage(("meta", "mesh_applied"), "INSERT OR REPLACE INTO meta VALUES ('mesh_applied', ?)", (str(index),))
 
     def put(self, rec: JobRecord) -> None:
         self.writes += 1
         self.stamps[rec.job_id] = self.writes
-        self._db.execute(
-            "INSERT OR REPLACE INTO jobs (job_id, seq, record, state) VALUES (?, ?, ?, ?)",
-            (rec.job_id, rec.seq, rec.to_json(), rec.state),
-        )
+        self._stage(("job", rec.job_id), "INSERT OR REPLACE INTO jobs (job_id, seq, record, state) VALUES (?, ?, ?, ?)",
+                    (rec.job_id, rec.seq, rec.to_json(), rec.state))
 
     def transition(self, job_id: str, time: float, state: str, reason: str) -> None:
-        self._db.execute(
-            "INSERT INTO transitions (job_id, time, state, reason) VALUES (?, ?, ?, ?)", (job_id, time, state, reason)
-        )
+        self._stage(("transition", next(self._order)),
+                    "INSERT INTO transitions (job_id, time, state, reason) VALUES (?, ?, ?, ?)",
+                    (job_id, time, state, reason))
 
     def put_memory(self, text: str) -> None:
         """The preemption layer's memory (Engine.memory, as its policy encodes it: Lazer's deferral queues and
         observations), written in the same transaction as the event that changed it."""
-        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('policy_memory', ?)", (text,))
+        self._stage(("meta", "policy_memory"), "INSERT OR REPLACE INTO meta VALUES ('policy_memory', ?)", (text,))
 
     def load_memory(self) -> str | None:
-        row = self._db.execute("SELECT value FROM meta WHERE key='policy_memory'").fetchone()
+        try:
+            row = self._db.execute("SELECT value FROM meta WHERE key='policy_memory'").fetchone()
+        except sqlite3.DatabaseError as exc:  # a first read at start: one line, as for a journal that will not open
+            raise JournalError(unusable(self.path, str(exc))) from None
         return row[0] if row else None
 
     def load(self) -> list[JobRecord]:
@@ -205,11 +282,12 @@ class Journal:
         try:
             return [JobRecord.from_json(r[0]) for r in self._db.execute("SELECT record FROM jobs ORDER BY seq")]
         except (sqlite3.DatabaseError, ValueError, TypeError) as exc:
-            raise JournalError(f"journal is corrupt ({exc}); move it aside to start with an empty queue") from None
+            raise JournalError(unusable(self.path, str(exc))) from None
 
     def history(self, job_id: str) -> list[tuple[float, str, str]]:
         rows = self._db.execute("SELECT time, state, reason FROM transitions WHERE job_id=? ORDER BY id", (job_id,))
-        return [tuple(r) for r in rows]
+        kept = [args[1:] for key, (_, args) in self.pending.items() if key[0] == "transition" and args[0] == job_id]
+        return [tuple(r) for r in rows] + kept  # and those a full disk keeps in memory for now
 
     def close(self) -> None:
         self._db.close()

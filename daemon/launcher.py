@@ -8,6 +8,8 @@ process start time in /proc/PID/stat.
 A job's GPUs are free only when every process of the job is gone: when a supervisor exits (or is killed),
 every process left in its session (and its scope cgroup under systemd) gets SIGKILL, and `on_exit` fires
 only once none is left. Stop and the kill timer act on that same set, never on direct children alone.
+A supervisor hands its result over twice: result.json, and a `result` frame on the job socket (`told`), which
+needs no disk: a job whose result.json a full disk refused still ends as it did.
 The supervisor gets no meshd secret (MESHD_TOKEN*): its environment and launch.json are scrubbed, and the
 job directory and its files are private to meshd's user (0700 / 0600).
 With many users (daemon/users.py) a job's directory belongs to its submitter (0700) and its supervisor is
@@ -85,9 +87,13 @@ def _write_private(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with open(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError:  # a full disk: leave no empty file behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_outcome(job_dir: Path) -> Outcome:
@@ -119,6 +125,7 @@ class Launcher:
         self._cgroups: dict[str, str | None] = {}  # job_id -> its scope cgroup (systemd), if any
         self._draining: dict[str, asyncio.TimerHandle] = {}  # supervisor gone, session not yet empty
         self._kill_timers: dict[str, asyncio.TimerHandle] = {}
+        self._told: dict[str, Outcome] = {}  # job -> the result its supervisor said over the job socket
 
     @property
     def sessions(self) -> dict[int, str]:
@@ -166,6 +173,7 @@ class Launcher:
         if owner is not None:
             os.chown(job_dir, owner.uid, owner.gid, follow_symlinks=False)
         (job_dir / "result.json").unlink(missing_ok=True)
+        self._told.pop(spec.job_id, None)
         _write_private(job_dir / "launch.json", json.dumps(asdict(spec)))
         log = str(job_dir / "supervisor.log")
         # -P: the job's working directory is not put on sys.path (a checkout of meshsched there would shadow the
@@ -189,8 +197,11 @@ class Launcher:
             setsid=True,
         )
         start = proc_start_time(pid) or ""
-        _write_private(job_dir / "supervisor.pid", f"{pid} {start}\n")  # finds an orphan after a crash
-        self.watch(spec.job_id, pid, job_dir)
+        self.watch(spec.job_id, pid, job_dir)  # it runs: watched before anything else can fail
+        try:
+            _write_private(job_dir / "supervisor.pid", f"{pid} {start}\n")  # finds an orphan after a crash
+        except OSError:
+            pass  # a full disk: the journaled launch names the supervisor all the same
         return pid, start
 
     def reap_orphan(self, job_dir: Path, job_id: str = "") -> int | None:
@@ -234,6 +245,12 @@ class Launcher:
         except ProcessLookupError:
             return False
         return True
+
+    def told(self, job_id: str, status: str, reason: str, exit_code: int | None) -> None:
+        """The job's supervisor said how the job ended (the job socket: it needs no disk). Used when its
+        result.json is missing (a full disk)."""
+        if job_id in self._watched:
+            self._told[job_id] = Outcome(status, reason, exit_code)
 
     def watch(self, job_id: str, pid: int, job_dir: Path) -> None:
         fd = os.pidfd_open(pid)
@@ -306,7 +323,8 @@ class Launcher:
         self._cgroups.pop(job_id, None)
         self.confiner.remove(job_id)
         (job_dir / "supervisor.pid").unlink(missing_ok=True)
-        self._on_exit(job_id, read_outcome(job_dir))
+        outcome, told = read_outcome(job_dir), self._told.pop(job_id, None)
+        self._on_exit(job_id, told if outcome.status == "lost" and told is not None else outcome)
 
     def close(self) -> None:
         """Stop watching (the jobs keep running; the next meshd re-adopts them)."""
@@ -319,3 +337,4 @@ class Launcher:
             timer.cancel()
         self._kill_timers.clear()
         self._draining.clear()
+        self._told.clear()

@@ -25,13 +25,15 @@ from meshsched.daemon.hostres import HostResources
 from meshsched.daemon.journal import HOLDING, JobRecord, Journal
 from meshsched.daemon.launcher import Launcher
 from meshsched.daemon.mps import MpsManager
+from meshsched.daemon.privacy import slot as slot_for
+from meshsched.daemon.privacy import visible
+
 from meshsched.engine import Engine
 from meshsched.wire.jobtable import JOBS_HEADER, columns, jobs_row
 
 if TYPE_CHECKING:  # for the type only: daemon.mesh loads the etcd coordinator, which one server never needs
     from meshsched.daemon.mesh import MeshLink
 
-PRIVATE = ("command", "cwd", "job_dir", "output", "error", "rank_reports")  # not listed to other users
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps(..., separators) makes one a call
 _VIEW_FIELDS = tuple(f.name for f in fields(JobRecord) if f.name != "env")  # the API's job view
 
@@ -57,8 +59,8 @@ class Listings:
     def __init__(self, ctx: ListingContext) -> None:
         self.ctx = ctx
         self._at = {"rows": -1, "views": -1}  # the journal's write count when each cache was last checked
-        # per cache, job -> (key, {slot: its piece}); rows: one slot (the table row); views: the encoded view
-        # for its owner or an operator ("own") and the same without PRIVATE ("public")
+        # per cache, job -> (key, {slot: its piece}); rows: the table row, views: the encoded view, each as an
+        # operator ("all"), its owner ("own") or anyone else ("public") sees it (daemon/privacy.py)
         self._cache: dict[str, dict[str, tuple]] = {"rows": {}, "views": {}}
 
     def _unchanged(self, cache: str) -> bool:
@@ -97,23 +99,34 @@ class Listings:
             out.append(hit[1][slot])
         return out
 
-    def table(self, recs: list) -> bytes:
-        """The `mesh ls` table of `recs` (header first), UTF-8."""
-        rows = self._pieces("rows", recs, lambda rec: "row", lambda rec, now, slot: jobs_row(self.brief(rec, now)))
+    @property
+    def server_dirs(self) -> tuple:
+        """meshd's own directories: paths under them are named to operators only."""
+        return self.ctx.config.state_dir, self.ctx.config.runtime_dir
+
+    def table(self, recs: list, uid: int | None, operator: bool) -> bytes:
+        """The `mesh ls` table of `recs` (header first), UTF-8; a user who is not an operator sees other users'
+        jobs with their reasons' public part only (daemon/privacy.py)."""
+
+        def make(rec, now: float, slot: str) -> str:
+            return jobs_row(visible(self.brief(rec, now), slot, self.server_dirs, rec.job_dir))
+
+        rows = self._pieces("rows", recs, lambda rec: slot_for(operator, uid, rec.uid), make)
         return ("\n".join(columns([JOBS_HEADER, *rows])) + "\n").encode()
 
     def views(self, recs: list, uid: int | None, operator: bool) -> bytes:
         """The JSON list of the job views of `recs`; a user who is not an operator sees other users' jobs
-        without their PRIVATE fields (the queue is public, what others run and where is not)."""
+        without their PRIVATE fields and their reasons' private detail (the queue is public, what others run,
+        where, and what it printed are not: daemon/privacy.py)."""
 
         def make(rec, now: float, slot: str) -> bytes:
-            view = self.job_view(rec, now)
-            if slot == "public":
-                view = {k: v for k, v in view.items() if k not in PRIVATE}
-            return _encode(view).encode()
+            return _encode(visible(self.job_view(rec, now), slot, self.server_dirs, rec.job_dir)).encode()
 
-        slot_of = lambda rec: "own" if operator or rec.uid == uid else "public"  # noqa: E731
-        return b"[" + b",".join(self._pieces("views", recs, slot_of, make)) + b"]"
+        return b"[" + b",".join(self._pieces("views", recs, lambda rec: slot_for(operator, uid, rec.uid), make)) + b"]"
+
+    def view_for(self, rec: JobRecord, uid: int | None, operator: bool) -> dict:
+        """job_view as the asking user sees it (`mesh show`, submit's and cancel's answers)."""
+        return visible(self.job_view(rec), slot_for(operator, uid, rec.uid), self.server_dirs, rec.job_dir)
 
     def brief(self, rec, now: float) -> dict:
         """job_view's squeue columns only: the same values at a fraction of the cost."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import pwd
 import signal
 import sys
 from pathlib import Path
@@ -31,9 +33,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--node-memory-gb", type=float, help="the node's memory in GB (default: MemTotal)")
     p.add_argument("--reserved-cpus", type=int, help="CPUs kept for the system, not for jobs (default 0)")
     p.add_argument("--reserved-memory-gb", type=float, help="GB of memory kept for the system (default 0)")
+    p.add_argument("--submit-users", metavar="USERS",
+                   help="other local users who may submit (meshd as root): ann,bob, @GROUP for its members, * for all")
     p.add_argument("--confine", choices=("auto", "cpus", "no"),
                    help="pin each job to its CPUs and limit its memory where cgroups allow (auto), CPUs only, or no")
     return p.parse_args(argv)
+
+
+def multi_user_line(config: DaemonConfig) -> str | None:
+    """The start-up line saying who may submit and who operates (None: one user, nothing to say)."""
+    names = config.submit_names
+    if not names:
+        return None
+    if "*" in names:
+        who = "every local user"
+    else:
+        who = ", ".join(f"members of group {n[1:]}" if n.startswith("@") else n for n in names)
+    me = pwd.getpwuid(os.geteuid()).pw_name if os.geteuid() else "root"
+    operators = "root" if me == "root" else f"root, {me}"
+    if config.http_tcp:
+        operators += f" and holders of the TCP token ({config.http_tcp})"
+    return f"multi-user: {who} may submit; operators: {operators}"
 
 
 async def serve(config: DaemonConfig) -> None:
@@ -45,6 +65,8 @@ async def serve(config: DaemonConfig) -> None:
     async with daemon:
         print(f"meshd: serving {config.api_socket} (policy {config.policy}, state {config.state_dir})",
               file=sys.stderr, flush=True)
+        if multi_user_line(config):
+            print(f"meshd: {multi_user_line(config)}", file=sys.stderr, flush=True)
         await stop.wait()
     print("meshd: stopped (running jobs keep running and are re-adopted on the next start)", file=sys.stderr)
 
@@ -58,8 +80,17 @@ def run(config: DaemonConfig) -> None:
         runner = uvloop.run
     try:
         runner(serve(config))
-    except (RuntimeError, OSError, ConfigError) as exc:  # another meshd holds the dirs, corrupt journal, full disk, ...
+    except ConfigError as exc:  # found at start-up (a reserve that leaves nothing, ...): as load_config's
+        config_error(exc)
+    except (RuntimeError, OSError) as exc:  # another meshd holds the dirs, corrupt journal, full disk, ...
         sys.exit(f"meshd: error: {exc}")
+
+
+def config_error(exc: ConfigError) -> None:
+    """A configuration meshd cannot start with: one line, exit code 2 (a usage error, as argparse's; systemd's
+    Restart=on-failure would only repeat it)."""
+    print(f"meshd: error: {exc}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config = load_config(args.config, overrides=overrides)
     except ConfigError as exc:
-        sys.exit(f"meshd: error: {exc}")
+        config_error(exc)
     logging.basicConfig(level=logging.INFO, format="meshd: %(message)s", stream=sys.stderr)
     run(config)
 

@@ -29,10 +29,12 @@ from meshsched.actions import FitModel, Kill, Launch, Preempt, Reconfigure, Sche
 from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.confine import open_confiner, usable_cpus
 from meshsched.daemon.control import PLAIN, ControlContext, JobControl
-from meshsched.daemon.dirs import highest_job_dir, private_dir
+from meshsched.daemon.dirs import private_dir
 from meshsched.daemon.engine_loop import EngineLoop
+from meshsched.daemon.forgotten import find_forgotten, stop_forgotten
 from meshsched.daemon.gpus import GpuBackend, open_backend, profile_type
 from meshsched.daemon.hostres import HostResources, host_resources
+from meshsched.daemon.idmark import IdMark
 from meshsched.daemon.journal import HOLDING, TERMINAL, Journal, JobRecord
 from meshsched.daemon.listing import ListingContext, Listings
 from meshsched.daemon.launcher import Launcher, read_outcome
@@ -85,7 +87,7 @@ class NodeDaemon:
                           Kill: lambda a: self.runs.kill(a), Reconfigure: lambda a: self.runs.reconfigure(a),
                           ScheduleTimer: self._arm_timer, FitModel: self._fit}
         check_handlers("meshd", self._handlers)
-        self._id_floor = 1  # new job ids continue past every existing job directory
+        self._ids: IdMark | None = None  # new job ids continue past every id given out and every job directory
         self.mesh = None  # a MeshLink under the etcd coordinator: the engine follows the mesh's log
         self.replica: MeshReplica | None = None  # (mesh) what this node does with that log
         self.reports: ReportGate | None = None  # (mesh) rank 0's progress reports, thinned
@@ -111,7 +113,8 @@ class NodeDaemon:
                 share_dirs(cfg.state_dir, cfg.jobs_dir, cfg.runtime_dir)
             self._stack.callback(_lock(cfg.state_dir / "meshd.lock"))
             self._stack.callback(_lock(cfg.runtime_dir / "meshd.lock"))  # before touching its sockets
-            self._id_floor = highest_job_dir(cfg.jobs_dir) + 1
+            self._ids = IdMark(cfg.state_dir / "last-job-id", cfg.jobs_dir)  # kept apart from the journal
+            self._stack.callback(self._ids.close)
             self.journal = Journal(cfg.journal_path)
             self._stack.callback(self.journal.close)
             self.host = host_resources(cfg)
@@ -135,6 +138,7 @@ class NodeDaemon:
             self._stack.callback(self.runs.close)
             if self.mesh is not None:
                 self.replica.recover_local_runs()
+                self._stop_forgotten()
                 self.mesh.start()
                 self._stack.push_async_callback(self.mesh.close)
             else:
@@ -163,7 +167,7 @@ class NodeDaemon:
         if mesh:
             self._make_mesh(addresses)
         self.submission = Submission(SubmitContext(cfg, self.records, self.engine, self.journal, self.loop,
-                                                   self.control, self.mesh, self._id_floor))
+                                                   self.control, self.mesh, self._ids))
         self.listings = Listings(ListingContext(cfg, self.records, self.engine, self.journal, self.throughput,
                                                 self.gpus, self.host, self.launcher, self.mps, self.mesh,
                                                 self.started_at))
@@ -280,7 +284,8 @@ class NodeDaemon:
     def _recover(self) -> None:
         """Rebuild the engine from the journal; re-adopt live jobs, requeue the rest. Outcomes of jobs that
         ended while meshd was down (each may start a scheduling pass) wait until every record is back, so no
-        pass sees the GPUs of a live job that is not re-adopted yet as free."""
+        pass sees the GPUs of a live job that is not re-adopted yet as free; nor of a job whose processes run but
+        which no record re-adopted: those are stopped first (`_stop_forgotten`)."""
         dispatch, sid, runs = self.loop.dispatch, self.loop.sid, self.runs
         self.loop.restore_memory()
         dispatch(ev.NodeJoined(sid("join"), self.node_spec()))
@@ -319,11 +324,23 @@ class NodeDaemon:
                 continue
             runs.reap_orphan(rec)
             dispatch(ev.JobRestored(sid("restore"), spec, rec.restarts > 0, rec.checkpoint_iterations, rec.restarts, held))
+        self._stop_forgotten()
         for event in outcomes:
             dispatch(event)
         dispatch(ev.RecoveryDone(sid("recovered")))
         live = sum(1 for r in self.records.values() if r.state not in TERMINAL)
         LOG.info("recovered %d job record(s), %d not finished", len(self.records), live)
+
+    def _stop_forgotten(self) -> None:
+        """Job processes no record re-adopted (a journal moved aside, emptied, cut short or stale) are stopped, and
+        start waits until they are gone: the first scheduling pass comes after this, so their GPUs are never given
+        to another job while they run (daemon/forgotten.py)."""
+        cfg, confiner = self.config, self.launcher.confiner
+        found = find_forgotten(cfg.jobs_dir, cfg.job_socket, confiner.parent, self.launcher.running)
+        if found:
+            stop_forgotten(found, cfg.jobs_dir, cfg.kill_grace)
+            for f in found:
+                confiner.remove(f.job_id)
 
     # ---------------------------------------------------------------- requests (API and job socket)
 

@@ -96,3 +96,45 @@ def kill_all(pids: list[int], sig: int = signal.SIGKILL) -> None:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def cgroup_dir_members(path: Path) -> list[int]:
+    """The processes in the cgroup directory `path` (v2, or a v1 hierarchy's): [] when it is gone."""
+    try:
+        return [int(x) for x in (path / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def marked_jobs(entry: bytes) -> dict[str, list[int]]:
+    """Live processes whose environment holds `entry` (e.g. `MESH_SOCKET=<this meshd's job socket>`: a job's rank
+    of this meshd, not of another on the machine), by the job id of their `MESH_JOB_ID` marker."""
+    out: dict[str, list[int]] = {}
+    me = os.getpid()
+    for proc in os.scandir(PROC):
+        if not proc.name.isdigit() or int(proc.name) == me:
+            continue
+        try:
+            env = (PROC / proc.name / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry not in env:
+            continue
+        job = next((e[len(b"MESH_JOB_ID="):] for e in env if e.startswith(b"MESH_JOB_ID=")), b"")
+        f = _stat_fields(int(proc.name))
+        if job and f and f[0] != "Z":
+            out.setdefault(job.decode(errors="replace"), []).append(int(proc.name))
+    return out
+
+
+def session_of(pid: int) -> int:
+    """The session id of `pid` (0 when it is gone)."""
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return 0
+
+
+def has_env(pid: int, entry: bytes) -> bool:
+    """The environment of `pid` holds `entry` (e.g. `MESH_JOB_ID=12`); False when it cannot be read."""
+    return _has_marker(pid, entry)

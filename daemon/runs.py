@@ -17,10 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshsched import events as ev
-from meshsched.actions import Kill, Launch, Preempt, Reconfigure
 from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.confine import job_limits, thread_env
+from meshsched.daemon.diskwatch import is_full
 from meshsched.daemon.engine_loop import EngineLoop
 from meshsched.daemon.gpus import GpuBackend
 from meshsched.daemon.hostres import HostResources
@@ -29,6 +28,9 @@ from meshsched.daemon.launcher import Launcher, Outcome, free_port
 from meshsched.daemon.mps import MpsManager
 from meshsched.daemon.supervisor import LaunchSpec
 from meshsched.daemon.users import owner_of
+
+from meshsched import events as ev
+from meshsched.actions import Kill, Launch, Preempt, Reconfigure
 from meshsched.engine import Engine
 from meshsched.state import ExecConfig, JobState
 from meshsched.wire.exitcodes import PREEMPTED_EXIT_CODE
@@ -78,8 +80,10 @@ class LocalRuns:
         self.restart_for: dict[str, ExecConfig] = {}  # job -> config it restarts with once it has checkpointed
         self._timers: dict[str, asyncio.TimerHandle] = {}  # job -> its preemption's grace timer, or its backoff
         self._tasks: set[asyncio.Task] = set()
+        ctx.loop.disk.resume = self.resume
 
     def close(self) -> None:
+        self.ctx.loop.disk.close()
         for task in self._tasks:
             task.cancel()
         for timer in self._timers.values():
@@ -109,6 +113,8 @@ class LocalRuns:
 
     def _checkpoint_exit(self, rec: JobRecord) -> None:
         c = self.ctx
+        if self._stop_held(rec.job_id):
+            return
         if rec.job_id in c.channel.sdk_jobs:  # cooperative: checkpoint-and-exit, SIGTERM after the grace period
             c.channel.send(rec.job_id, {"kind": "checkpoint_exit"})
             self._timers[rec.job_id] = asyncio.get_running_loop().call_later(
@@ -127,6 +133,8 @@ class LocalRuns:
             return  # nothing of it runs here
         rec = c.records[action.job_id]
         self.restart_for.pop(rec.job_id, None)
+        if self._stop_held(rec.job_id):
+            return
         if c.mps.kind == "none":
             c.launcher.stop(rec.job_id, c.config.kill_grace)
         else:  # MPS: terminate_client for every worker before any signal
@@ -186,6 +194,9 @@ class LocalRuns:
         ranks = [r for r, g in enumerate(action.gpus) if state.gpus[g].node == c.config.node_name]
         if not ranks or c.launcher.running(rec.job_id):
             return  # its ranks run on other nodes (or, replaying the mesh's log, already here)
+        if c.loop.disk.blocked():  # a full disk: no new start, the launch waits for space (daemon/diskwatch.py)
+            c.loop.disk.park(action)
+            return
         local = [state.gpus[action.gpus[r]].local_index for r in ranks]
         inv = c.gpus.inventory()
         nodes = list(dict.fromkeys(state.gpus[g].node for g in action.gpus))
@@ -215,14 +226,22 @@ class LocalRuns:
             rank_envs=[c.mps.client_env(g, share=x.mps_percentage, mem_limit_mb=x.memory_limit_mb) for g in local],
             devices=[inv[g].cuda_id for g in local],
         )
-        self._spawn(rec, spec, limits, action.restart + 1, ranks[0] == 0)
+        self._spawn(rec, spec, limits, action, ranks[0] == 0)
 
-    def _spawn(self, rec: JobRecord, spec: LaunchSpec, limits, run: int, rank0: bool) -> None:
+    def _spawn(self, rec: JobRecord, spec: LaunchSpec, limits, action: Launch, rank0: bool) -> None:
         c = self.ctx
+        run = action.restart + 1
         try:
             owner = owner_of(rec.uid) if rec.uid is not None else None  # many users: the job runs as its submitter
             rec.supervisor_pid, rec.supervisor_start, limits = c.launcher.spawn(Path(rec.job_dir), spec, owner, limits)
-        except (OSError, KeyError) as exc:  # KeyError: its user no longer exists
+        except OSError as exc:
+            if is_full(exc):  # its files cannot be written: it waits for space, it does not fail
+                c.loop.disk.park(action, exc.strerror or str(exc))
+                return
+            c.loop.input(ev.JobFailed(c.loop.sid("launch"), rec.job_id, f"could not start on {c.config.node_name}: "
+                                      f"{exc}"), run, queued=True)
+            return
+        except KeyError as exc:  # its user no longer exists
             c.loop.input(ev.JobFailed(c.loop.sid("launch"), rec.job_id, f"could not start on {c.config.node_name}: "
                                       f"{exc}"), run, queued=True)
             return
@@ -231,6 +250,28 @@ class LocalRuns:
         rec.pausing = False
         if rank0:
             c.loop.input(ev.JobStarted(c.loop.sid("spawned"), rec.job_id), run, queued=True)
+
+    def resume(self, launches: list[Launch]) -> None:
+        """The disk has space again: carry out the launches it held (of jobs that still hold those GPUs)."""
+        jobs = self.ctx.engine.state.jobs
+        for action in launches:
+            job = jobs.get(action.job_id)
+            if job is not None and job.state is JobState.LOADING and job.gpus == action.gpus:
+                self.launch(action)
+        self.ctx.loop.dispatch_queued()
+
+    def _stop_held(self, job_id: str) -> bool:
+        """Stop a job whose launch waits for disk space: it ends as a run stopped before it began."""
+        if self.ctx.loop.disk.unpark(job_id) is None:
+            return False
+        self.on_exit(job_id, Outcome("terminated", "stopped before it started (the disk was full)"))
+        return True
+
+    def _put(self, rec: JobRecord) -> None:
+        """Journal `rec` now; a full disk keeps it for a retry (the exit it records has happened)."""
+        with self.ctx.journal.batch(defer=True):
+            self.ctx.journal.put(rec)
+        self.ctx.loop.disk.check()
 
     def _checkpoints(self, rec: JobRecord) -> Path:
         """Where the job's checkpoints live: its job dir, or `checkpoint_root/<id>` (shared storage in a mesh, so a
@@ -248,18 +289,15 @@ class LocalRuns:
             rec.supervisor_pid, rec.supervisor_start = 0, ""
         rec.exit_code = outcome.exit_code
         if c.in_mesh:  # durable now: the exit itself may wait in the outbox
-            with c.journal.batch():
-                c.journal.put(rec)
+            self._put(rec)
         self.forget_run(job_id)
         run = self.launched.pop(job_id, None)
         job = c.engine.state.jobs.get(job_id)
         if job is None or not job.state.holds_gpus:
-            with c.journal.batch():
-                c.journal.put(rec)
+            self._put(rec)
             return
         if c.in_mesh and not self.rank0_here(job_id, running=False):
-            with c.journal.batch():
-                c.journal.put(rec)
+            self._put(rec)
             if outcome.status == "failed":  # rank 0's node reports the job's end; a failure here ends it too
                 c.loop.input(ev.JobFailed(c.loop.sid("exit"), job_id, f"ranks on {c.config.node_name} failed: "
                                           f"{outcome.reason}"), run)

@@ -16,6 +16,7 @@ from meshsched import events as ev
 from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.control import PLAIN, ControlRequest, JobControl, expand_pattern
 from meshsched.daemon.engine_loop import EngineLoop
+from meshsched.daemon.idmark import IdMark
 from meshsched.daemon.journal import JobRecord, Journal
 from meshsched.daemon.mesh_node import record_payload
 from meshsched.daemon.mirror import job_spec
@@ -42,7 +43,7 @@ class SubmitContext:
     loop: EngineLoop  # dispatch / input, sid
     control: JobControl  # dependency ids resolved
     mesh: MeshLink | None  # (its `synced`) None on one server
-    id_floor: int  # new job ids continue past every existing job directory
+    ids: IdMark  # new job ids continue past every id given out and every job directory, whatever the journal says
 
 
 class Submission:
@@ -101,8 +102,10 @@ class Submission:
             loop.input(event, record=record_payload(rec))
 
     def new_job_id(self) -> tuple[int, str]:
-        """The next sequence number and the job id it makes (in a mesh `NODE.SEQ`: unique without a leader)."""
-        seq = self.ctx.journal.next_seq(self.ctx.id_floor)
+        """The next sequence number and the job id it makes (in a mesh `NODE.SEQ`: unique without a leader). The
+        mark outside the journal is raised before any record holds the id: a lost journal never gives it again."""
+        seq = self.ctx.journal.next_seq(self.ctx.ids.floor())
+        self.ctx.ids.given(seq)
         return seq, str(seq) if self.ctx.mesh is None else f"{self.ctx.config.node_name}.{seq}"
 
     def refuse_never_runnable(self, req: SubmitRequest) -> None:

@@ -4,7 +4,9 @@ It reads JOB_DIR/launch.json, starts one process per rank with torchrun's enviro
 rank's stdout+stderr to JOB_DIR/logs/rank<N>.log, and waits. When a rank fails the others get SIGTERM, then
 SIGKILL after the grace period. SIGTERM to the supervisor (cancel, preempt) is forwarded the same way.
 The outcome goes to JOB_DIR/result.json (written atomically) so that meshd learns it even if meshd was
-restarted meanwhile: {"status": completed|failed|terminated|preempted, "rank", "exit_code", "reason"};
+restarted meanwhile; when the disk refuses it, to meshd as a `result` frame on the job socket, which needs no disk
+(`hand_over`: a full disk never turns a finished job into a lost one):
+{"status": completed|failed|terminated|preempted, "rank", "exit_code", "reason"};
 "preempted" when ranks exited with PREEMPTED_EXIT_CODE (checkpointed on meshd's request) and none failed.
 Because it lives in its own session, restarting meshd does not stop a job.
 
@@ -31,6 +33,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -48,6 +51,9 @@ LOG_MAX_BYTES = 64 << 20
 POLL = 0.5  # seconds between log-size checks while ranks run
 PARTIAL_MAX = 1 << 16  # bytes of a line without an end kept back from the user's file before it goes anyway
 CLEANUP_TIMEOUT = 10.0  # seconds to wait for left-over processes after SIGKILL (D state, NFS)
+RESULT_PATIENCE = 300.0  # seconds the result is offered to result.json and meshd before the supervisor gives up
+RESULT_RETRY = 1.0  # seconds between those tries
+TELL_TIMEOUT = 5.0  # seconds meshd has to acknowledge a result frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +124,62 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
 def write_result(job_dir: Path, result: dict) -> None:
     tmp = job_dir / "result.json.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with open(fd, "w") as fh:
-        fh.write(json.dumps(result))
-    os.replace(tmp, job_dir / "result.json")
+    try:
+        with open(fd, "w") as fh:
+            fh.write(json.dumps(result))
+        os.replace(tmp, job_dir / "result.json")
+    except OSError:  # a full disk: no empty file left behind
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def say(line: str) -> None:
+    """One line to supervisor.log; a full disk loses it, never the job's result."""
+    try:
+        print(f"supervisor: {line}", file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+def tell_meshd(path: str, job_id: str, result: dict, timeout: float = TELL_TIMEOUT) -> bool:
+    """Say `result` to meshd over the job socket (no disk needed); True once meshd acknowledged it."""
+    from meshsched.wire.protocol import MAX_REASON, REPLY_TYPES, FrameDecoder, ProtocolError, encode_frame
+
+    message = {"type": "result", "job_id": job_id, "status": result["status"], "rank": result.get("rank"),
+               "exit_code": result.get("exit_code"), "reason": str(result.get("reason") or "")[:MAX_REASON]}
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            sock.sendall(encode_frame(message))
+            decoder = FrameDecoder(REPLY_TYPES)
+            while data := sock.recv(1 << 16):
+                for reply in decoder.feed(data):
+                    return reply["type"] == "ok"
+    except (OSError, ProtocolError):
+        pass
+    return False
+
+
+def hand_over(job_dir: Path, spec: LaunchSpec, result: dict, patience: float = RESULT_PATIENCE) -> bool:
+    """The job's result, durable before anything else: result.json (what meshd reads, restarted or not) or, when
+    the disk refuses it, meshd itself over the job socket, which needs no disk. Both are tried again every
+    RESULT_RETRY seconds until one works or `patience` runs out (meshd restarting while the disk is full);
+    True once one worked."""
+    deadline, said = time.monotonic() + patience, False
+    while True:
+        try:
+            write_result(job_dir, result)
+            return True
+        except OSError as exc:
+            if not said:
+                said = True
+                say(f"cannot write result.json: {exc}; telling meshd over its socket")
+        if spec.socket and tell_meshd(spec.socket, spec.job_id, result):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(RESULT_RETRY)
 
 
 def _prctl(option: int, arg: int) -> None:
@@ -316,14 +375,13 @@ class Supervisor:
             try:
                 join_cgroup(self.cgroup)
             except OSError as exc:
-                print(f"supervisor: memory limit not enforced: cannot join {self.cgroup}: {exc.strerror}",
-                      file=sys.stderr, flush=True)
+                say(f"memory limit not enforced: cannot join {self.cgroup}: {exc.strerror}")
                 self.cgroup = ""
         if self.spec.cpus:
             try:
                 os.sched_setaffinity(0, self.spec.cpus)
             except (OSError, ValueError) as exc:
-                print(f"supervisor: CPUs not pinned to {self.spec.cpus}: {exc}", file=sys.stderr, flush=True)
+                say(f"CPUs not pinned to {self.spec.cpus}: {exc}")
 
     def oom_reason(self, failure: dict) -> str:
         """A failed job's reason, said as an exceeded memory limit when its cgroup counts an OOM kill."""
@@ -391,10 +449,8 @@ class Supervisor:
                       "reason": "checkpointed and exited on request (resumable)"}
         else:
             result = failure or {"status": "completed", "rank": None, "exit_code": 0, "reason": ""}
-        try:
-            write_result(self.job_dir, result)
-        except OSError as exc:  # e.g. a full disk: say so where meshd looks (supervisor.log, exit code)
-            print(f"supervisor: cannot write result.json: {exc}", file=sys.stderr, flush=True)
+        if not hand_over(self.job_dir, self.spec, result):  # neither the file nor meshd: say so (supervisor.log)
+            say("the result reached neither result.json nor meshd")
             return 70
         return {"completed": 0, "failed": 1, "preempted": PREEMPTED_EXIT_CODE}.get(result["status"], 143)
 
@@ -444,8 +500,9 @@ def main() -> None:
     job_dir, as_user, cgroup = parse_args(sys.argv[1:])
     try:
         code = Supervisor(job_dir, as_user, cgroup).run()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        with contextlib.suppress(OSError):  # a full disk (supervisor.log)
+            sys.stdout.flush()
+            sys.stderr.flush()
         os._exit(code)  # every process of the job is gone and result.json is written: meshd sees the exit now,
         # not after the interpreter's teardown
     except SystemExit as exc:

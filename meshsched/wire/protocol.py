@@ -17,7 +17,9 @@ import msgpack
 PROTOCOL_VERSION = 1
 MAX_FRAME = 64 * 1024  # bytes of msgpack body
 HEADER = struct.Struct(">I")
-MESSAGE_TYPES = ("hello", "report", "checkpoint", "ping")  # job -> meshd
+MESSAGE_TYPES = ("hello", "report", "checkpoint", "ping", "result")  # job -> meshd ("result": its supervisor's)
+RESULT_STATUSES = ("completed", "failed", "terminated", "preempted")  # how a supervisor says its job ended
+MAX_REASON = 4096  # characters of a result's reason
 REPLY_TYPES = ("ok", "error")  # meshd -> job; an "ok" may carry "directives" (list of maps with "kind")
 DEFAULT_ITERATIONS = 100  # a job's expected iterations when neither `mesh submit --iters` nor its script says
 MAX_NAME = 128  # characters of a job name or model name (they are columns of `mesh ls`)
@@ -69,9 +71,23 @@ def decode_body(body: bytes, allowed: tuple[str, ...] = MESSAGE_TYPES) -> dict[s
         steps = msg["steps"]
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ProtocolError("hello: steps must be an integer >= 1")
+    if kind == "result":
+        _result(msg)
     if "job_id" in msg and not isinstance(msg["job_id"], str):
         raise ProtocolError("job_id must be a string")
     return msg
+
+
+def _result(msg: dict[str, Any]) -> None:
+    """A supervisor's result frame: {"status", "reason", "exit_code", "rank"}, as in its result.json."""
+    if msg.get("status") not in RESULT_STATUSES:
+        raise ProtocolError(f"result: status must be one of {', '.join(RESULT_STATUSES)}")
+    if not isinstance(msg.get("reason", ""), str) or len(msg.get("reason", "")) > MAX_REASON:
+        raise ProtocolError(f"result: reason must be a string of at most {MAX_REASON} characters")
+    for key in ("exit_code", "rank"):
+        value = msg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or abs(value) > 1 << 31):
+            raise ProtocolError(f"result: {key} must be an integer or nil")
 
 
 class FrameDecoder:

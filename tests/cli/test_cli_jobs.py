@@ -13,7 +13,8 @@ import sys
 
 import pytest
 from meshsched.cli.client import Client, default_socket
-from meshsched.cli.jobs import NOTHING_TO_CANCEL, parse_deadline, top_rows
+from meshsched.cli.jobs import NOTHING_TO_CANCEL, parse_deadline
+from meshsched.cli.top import top_rows
 from meshsched.cli.main import app
 from meshsched.daemon.config import default_runtime_dir
 from meshsched.daemon.hostres import machine_cpus, machine_memory_gb
@@ -48,7 +49,7 @@ def test_daemon_not_running_names_the_socket_and_how_to_point_mesh_elsewhere(mon
         lines = r.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("mesh: error: meshd is not running"), r.stderr
         assert str(sock) in lines[0] and "MESH_API_SOCKET" in lines[0] and "MESHD_RUNTIME_DIR" in lines[0]
-        assert "meshd --fake-gpus" in lines[0]
+        assert "systemctl status meshd" in lines[0] and "--fake-gpus" not in lines[0]  # a server's service
 
 
 def test_default_socket_follows_meshds_default_runtime_dir():

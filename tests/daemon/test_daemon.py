@@ -342,7 +342,11 @@ async def test_the_supervisor_does_not_import_from_meshds_cwd(daemon):
     "No module named 'meshsched.daemon'"). An editable install, as here, hides it, so the command line is checked."""
     rec = submit(daemon, py("import time; time.sleep(30)"))
     await wait_for(lambda: daemon.records[rec.job_id].supervisor_pid, what="supervisor up")
-    argv = open(f"/proc/{daemon.records[rec.job_id].supervisor_pid}/cmdline").read().split("\0")
-    assert argv[1:4] == ["-P", "-m", "meshsched.daemon.supervisor"]
+
+    def argv() -> list[str]:  # until the forked child has exec'd, /proc shows the parent's command line
+        return open(f"/proc/{daemon.records[rec.job_id].supervisor_pid}/cmdline").read().split("\0")
+
+    await wait_for(lambda: "meshsched.daemon.supervisor" in argv(), what="the supervisor exec'd")
+    assert argv()[1:4] == ["-P", "-m", "meshsched.daemon.supervisor"]
     daemon.cancel(rec.job_id)
     await wait_for(lambda: state(daemon, rec.job_id) == "CANCELLED", what="cancelled")

@@ -238,3 +238,25 @@ def test_under_mps_only_one_users_jobs_share_a_gpu(two_users, tmp_path):
         proc.wait(20)
         kill_sessions(pids)
         remove(base, runtime)
+
+
+def test_a_failed_jobs_log_lines_reach_only_its_owner(two_users, shared_meshd):
+    """Real users, real SO_PEERCRED (tests/daemon/test_privacy.py covers every view with faked ones): bob's job
+    prints a secret and fails; ann's `mesh ls` table and --json show why without it, bob's and root's with it."""
+    base, sock, root = shared_meshd
+    ann, bob = two_users
+    body = {"command": ["/bin/sh", "-c", "echo token=s3cr3t; exit 3"], "cwd": str(base / bob.pw_name)}
+    job = call(bob, sock, "POST", "/v1/jobs", body)["job_id"]
+    poll(lambda: root.call("GET", f"/v1/jobs/{job}")["state"] == "FAILED", what="bob's job failed")
+
+    def seen(user) -> tuple[str, dict]:
+        with as_user(user.pw_uid, user.pw_gid):
+            table = Client(sock).raw("GET", "/v1/jobs?format=table")[2].decode()
+            return table, {j["job_id"]: j for j in Client(sock).call("GET", "/v1/jobs")}[job]
+
+    table, view = seen(ann)
+    assert "s3cr3t" not in table and view["reason"] == "rank 0 failed (exit code 3)", (table, view)
+    assert "(rank 0 failed (exit code 3))" in table
+    for user in (bob, pwd.getpwuid(0)):
+        table, view = seen(user)
+        assert "token=s3cr3t" in table and view["reason"] == "rank 0 failed (exit code 3): token=s3cr3t", (table, view)
