@@ -2,6 +2,7 @@
 SIGKILLed at random moments; then it counts what went wrong.
 
     python benchmarks/chaos.py [--quick] [--json] [--seed N]
+    python benchmarks/chaos.py --storage [storage_chaos.py's options]   (the state disk and the journal: see there)
 
 Every rank of the fake job writes a ledger file (job, restart, rank, GPU, pid, start time) and touches it every
 50 ms while it runs, so [start, last touch] is when that process surely held its GPU (a SIGKILLed process is
@@ -318,7 +319,15 @@ def run(n_jobs: int, n_kills: int, seed: int, budget: float) -> Result:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--storage" in argv:  # the storage chaos run (benchmarks/storage_chaos.py), which shares this file's code
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import storage_chaos
+
+        storage_chaos.main([a for a in argv if a != "--storage"])
+        return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--storage", action="store_true", help="run benchmarks/storage_chaos.py instead")
     p.add_argument("--quick", action="store_true", help="20 jobs, 8 kills (about a minute)")
     p.add_argument("--jobs", type=int, default=None, help="jobs to run (default 50, quick 20)")
     p.add_argument("--kills", type=int, default=None, help="SIGKILLs in all (default 20, quick 8)")

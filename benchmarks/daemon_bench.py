@@ -107,7 +107,8 @@ def seed(state: Path, n: int) -> None:
 
 
 def bench_ls(client: Client, runtime: Path, n: int) -> None:
-    env = dict(os.environ, MESH_API_SOCKET=str(runtime / "api.sock"))
+    env = dict(os.environ, MESH_API_SOCKET=str(runtime / "api.sock"),
+               PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))  # the venv active
     for args in (["ls"], ["ls", "--all"], ["ls", "--all", "--json"]):
         times = []
         for _ in range(5):

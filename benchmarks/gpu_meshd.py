@@ -58,6 +58,8 @@ class Run:
         self.name, self.dir, self.checks = name, work / name, checks
         self.dir.mkdir(parents=True)
         self.env = dict(os.environ, MESH_API_SOCKET=str(self.dir / "run" / "api.sock"), **env)
+        # jobs run as from a shell with this venv active: their .py scripts on its python3 (mesh submit --export)
+        self.env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), self.env.get("PATH", "")])
         self.args = [*MESHD, "--state-dir", str(self.dir / "state"), "--runtime-dir", str(self.dir / "run"), *args,
                      *EXTRA]
         self.proc: subprocess.Popen | None = None

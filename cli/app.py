@@ -74,11 +74,19 @@ def submit(
     reconnect: float = typer.Option(
         RECONNECT_SECONDS, "--reconnect", metavar="SECONDS",
         help="with --wait: how long to wait for a meshd that went away (restarted) to come back"),
+    export: str = typer.Option(
+        "ALL", "--export",
+        help="the job's environment, as sbatch: ALL (this shell's, at submit), NONE (a minimal PATH, HOME, USER, "
+             "LANG), or VAR[,VAR=value...] (those, over the minimal one; ALL,VAR=value: all and those); meshd adds "
+             "its own (RANK..., CUDA_VISIBLE_DEVICES, MESH_*)"),
 ) -> None:
-    """Submit a training job; prints its id. A job that could never run (a plan that does not fit, more CPUs or
-    memory than any node has, a guaranteed job over its tenant's quota) is refused in one line, nothing queued."""
+    """Submit a training job; prints its id. The script runs as from this shell: an executable is executed, a
+    script with a #! line runs through it, a .py file without one on the python3 first on the job's PATH. A job
+    that could never run (a plan that does not fit, more CPUs or memory than any node has, a guaranteed job over
+    its tenant's quota) is refused in one line, nothing queued."""
     jobs.submit(str(script), list(args or []), gpus, batch_size, iters, model, name, deadline, guaranteed, as_json,
-                array, dependency, time_limit, hold, wait, output, error, begin, plan, cpus, mem, tenant, reconnect)
+                array, dependency, time_limit, hold, wait, output, error, begin, plan, cpus, mem, tenant, reconnect,
+                export)
 
 
 @app.command("ls")

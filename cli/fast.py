@@ -26,7 +26,7 @@ COMMANDS = {
         "--hold": ("hold", True), "--wait": ("wait", True), "-W": ("wait", True), "--output": ("output", str),
         "-o": ("output", str), "--error": ("error", str), "-e": ("error", str), "--begin": ("begin", str),
         "-b": ("begin", str), "--plan": ("plan", str), "--cpus": ("cpus", int), "--mem": ("mem", str),
-        "--tenant": ("tenant", str), "--reconnect": ("reconnect", float),
+        "--tenant": ("tenant", str), "--reconnect": ("reconnect", float), "--export": ("export", str),
     }),
     "ls": (jobs.ls, ("job_ids*",), {"--all": ("all_jobs", True), "-a": ("all_jobs", True), **_JSON}),
     "show": (jobs.show, ("job_id",), _JSON),

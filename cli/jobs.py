@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 
 from meshsched.cli.client import (RECONNECT_SECONDS, SERVICE_HELP, SOCKET_HELP, ApiError, Client, DaemonGone,
                                   DaemonUnavailable, Riding, error_of)
@@ -20,6 +21,9 @@ from meshsched.wire.jobtable import batch, columns, exec_of, fmt_time, mps, part
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 NOTHING_TO_CANCEL = 3  # `mesh cancel` exit code when a job had already ended (documented in --help, README)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+JOB_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # a job's PATH when none is exported
+# (daemon/launcher.py's DEFAULT_PATH)
+ENV_LIMIT = 128 * 1024  # bytes of exported environment meshd takes (meshsched.wire.protocol.MAX_ENV_BYTES)
 
 
 def api_call(method: str, url: str, body: object = None, client: Client | Riding | None = None) -> object:
@@ -129,11 +133,67 @@ def parse_mem(text: str) -> float:
     return gb
 
 
-def build_command(script: str, args: list[str]) -> list[str]:
+def parse_export(text: str, environ: Mapping[str, str]) -> tuple[dict[str, str], str]:
+    """sbatch's --export: ALL (this environment), NONE, or VAR[,VAR=value...] (after ALL: this environment and
+    those) -> (the variables the job gets, the mode meshd records: ALL, NONE, or the names listed). A listed
+    variable that is not set here and has no value is left out, as sbatch does."""
+    items = [i.strip() for i in text.split(",")]
+    if not text.strip() or not all(items):
+        fail(f"--export {text!r}: give ALL, NONE, or VAR[,VAR=value...] (e.g. --export=ALL,CUDA_LAUNCH_BLOCKING=1)")
+    head = items[0].upper()
+    if head == "NONE" and len(items) == 1:
+        return {}, "NONE"
+    whole = head == "ALL"
+    env = dict(environ) if whole else {}
+    names = []
+    for item in items[1:] if whole else items:
+        name, eq, value = item.partition("=")
+        if not name or not name.isprintable() or name.upper() in ("ALL", "NONE"):
+            fail(f"--export {text!r}: {item!r} is no variable (ALL or NONE come alone, or first: ALL,VAR=value)")
+        if eq:
+            env[name] = value
+        elif name in environ:
+            env[name] = environ[name]
+        names.append(name)
+    return env, "ALL" if whole else ",".join(dict.fromkeys(names))
+
+
+def _env_bytes(env: dict[str, str]) -> int:
+    return sum(len(os.fsencode(k)) + len(os.fsencode(v)) + 2 for k, v in env.items())
+
+
+def build_command(script: str, args: list[str], path_var: str = JOB_PATH) -> list[str]:
+    """How the job runs `script`, as the submitter's shell would: an executable file is executed; a file with a
+    #! line that is not executable runs through that line's interpreter; a .py file without one runs on the
+    `python3` first on `path_var` (the job's PATH), never on mesh's own interpreter."""
     path = os.path.realpath(script)
-    if path.endswith(".py") or not os.access(path, os.X_OK):
-        return [sys.executable, path, *args]
-    return [path, *args]
+    executable = os.access(path, os.X_OK)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(256)  # as much of a #! line as Linux reads
+    except OSError as exc:
+        if not executable:
+            fail(f"script {script} cannot be read: {exc.strerror}")
+        return [path, *args]  # executable, not readable: executed
+    if executable and head.startswith((b"#!", b"\x7fELF")):
+        return [path, *args]
+    if head.startswith(b"#!"):
+        words = os.fsdecode(head[2:].split(b"\n", 1)[0]).strip().split(None, 1)  # the interpreter, one argument
+        if not words:
+            fail(f"script {script}: its #! line names no interpreter")
+        return [*words, path, *args]
+    if path.endswith(".py"):
+        import shutil
+
+        python = shutil.which("python3", path=path_var)
+        if python is None:
+            fail(f"no python3 on the job's PATH ({path_var}) to run {script}; activate the environment it needs, "
+                 "or give the script a #! line")
+        return [os.path.abspath(python), path, *args]
+    if executable:  # no #! line: a shell runs it with sh
+        return ["/bin/sh", path, *args]
+    fail(f"script {script} is not executable and has no #! line: `chmod +x {script}`, or start it with "
+         "a line such as #!/bin/bash")
 
 
 def _out(lines: list[str]) -> None:
@@ -147,7 +207,8 @@ def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size
            model: str = "custom", name: str = "", deadline: str = "", guaranteed: bool = False,
            as_json: bool = False, array: str = "", dependency: str = "", time_limit: str = "", hold: bool = False,
            wait: bool = False, output: str = "", error: str = "", begin: str = "", plan: str = "",
-           cpus: int | None = None, mem: str = "", tenant: str = "", reconnect: float = RECONNECT_SECONDS) -> None:
+           cpus: int | None = None, mem: str = "", tenant: str = "", reconnect: float = RECONNECT_SECONDS,
+           export: str = "ALL") -> None:
     if gpus < 1:
         fail(f"--gpus must be at least 1, got {gpus}")
     if iters is not None and iters < 1:
@@ -156,8 +217,13 @@ def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size
         fail(f"script {script} is a directory; give the training script (a python file or an executable)")
     if not os.path.isfile(script):
         fail(f"script {script} does not exist")
+    env, exported = parse_export(export, os.environ)
+    if _env_bytes(env) > ENV_LIMIT:
+        fail(f"the environment to export is {_env_bytes(env) // 1024} KiB, over meshd's limit of {ENV_LIMIT // 1024} "
+             "KiB; submit with --export=NONE or --export=VAR,... (the variables the job needs)")
     body = {
-        "command": build_command(script, list(args or [])), "cwd": os.getcwd(), "gpus": gpus,
+        "command": build_command(script, list(args or []), env.get("PATH", JOB_PATH)), "cwd": os.getcwd(),
+        "env": env, "export": exported, "gpus": gpus,
         "batch_size": batch_size, "model": model, "name": name,
         "deadline": parse_deadline(deadline, time.time()) if deadline else None, "guaranteed": guaranteed,
     }  # fmt: skip
@@ -247,6 +313,8 @@ def show(job_id: str, as_json: bool = False) -> None:
     lines += [f"{key:>22}: {value}" for key, value in asked.items() if value]
     lines += [f"{key:>22}: {value}" for key, value in confinement(job).items() if value]
     lines.append(f"{'command':>22}: {' '.join(job['command'])}")
+    if job.get("export"):  # its environment: the submitter's (ALL), or a minimal one (NONE) and the names listed
+        lines.append(f"{'export':>22}: {job['export']}")
     control = {"array": job.get("array_id") and f"{job['array_id']} task {job.get('array_task')}",
                "dependency": ",".join(f"{k}:{j}" for k, j in job.get("dependency") or ()),
                "time limit": job.get("time_limit") and fmt_time(job["time_limit"]),

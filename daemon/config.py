@@ -35,6 +35,10 @@ Defaults (documented in docs/daemon.md):
   cgroup_root    unset: job cgroups go under meshd's own cgroup (mesh-jobs-<tag>/); a cgroup directory to use instead
   submit_users   "" (only meshd's user); "ann,bob,@gpu" or "*": those users, members of group gpu (every
                  local user) may submit, each job running as its submitter (meshd as root; daemon/users.py)
+  job_env_passthrough
+                 "" : nothing of meshd's own environment reaches a job (a job's environment is what its submitter
+                 exported, `mesh submit --export`); "HTTP_PROXY,NO_PROXY": those variables of meshd's do, under
+                 what the submitter exported (meshd's secrets MESHD_TOKEN* never)
 """
 
 from __future__ import annotations
@@ -174,6 +178,7 @@ class DaemonConfig:
     confine: str = "auto"  # pin jobs to their CPUs and limit their memory where possible | cpus | no
     cgroup_root: Path | None = None  # where job cgroups are made (default: under meshd's own cgroup)
     submit_users: str = ""  # other local users who may submit ("a,b" or "*": every one); meshd must be root
+    job_env_passthrough: str = ""  # variables of meshd's environment every job gets ("A,B"; "": none)
 
     @property
     def mps_one_user(self) -> bool:
@@ -185,6 +190,11 @@ class DaemonConfig:
     def submit_names(self) -> tuple[str, ...]:
         """`submit_users` as its names, @groups and *, in order."""
         return tuple(u.strip() for u in self.submit_users.split(",") if u.strip())
+
+    @property
+    def passthrough_names(self) -> tuple[str, ...]:
+        """`job_env_passthrough` as its variable names, in order."""
+        return tuple(n.strip() for n in self.job_env_passthrough.split(",") if n.strip())
 
     def may_submit(self, user: str) -> bool:
         """Whether a local user other than meshd's own may use the API (`submit_users`: names, @group, *)."""
@@ -251,6 +261,9 @@ class DaemonConfig:
         if unknown is not None:
             what = "group" if unknown.startswith("@") else "user"
             raise ConfigError(f"submit_users: {unknown} is no local {what} (give names from /etc/passwd, @GROUP or *)")
+        bad = next((n for n in self.passthrough_names if "=" in n or "\0" in n or not n.isprintable()), None)
+        if bad is not None:
+            raise ConfigError(f"job_env_passthrough: {bad!r} is no variable name (give names: HTTP_PROXY,NO_PROXY)")
         if self.submit_users and os.geteuid() != 0:
             raise ConfigError("submit_users needs meshd to run as root (it starts each job as its submitter)")
         if self.http_tcp and not self.token:

@@ -43,6 +43,9 @@ CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job_id);
 
 TERMINAL = frozenset(s.value for s in JobState if s.is_terminal)  # a record's state: the job has ended
 HOLDING = frozenset(s.value for s in JobState if s.holds_gpus)  # a record's state: the job holds its GPUs
+# The WAL is checkpointed into the journal at this many pages and cut back to this size after: SQLite's default
+# (1000 pages, never cut back) let it grow to MBs of superseded pages that filled a small state disk for good.
+WAL_PAGES = 256
 
 
 @dataclass(slots=True)
@@ -107,6 +110,10 @@ class JobRecord:
     cpu_ids: list[int] = field(default_factory=list)  # CPUs its ranks run on ([]: not pinned)
     memory_limit_gb: float | None = None  # its memory allocation here, GiB
     memory_enforced_by: str = ""  # systemd | cgroup v2 | cgroup v1; "": the limit is not enforced
+    # its environment (`mesh submit --export`): `env` is what the submitter exported (meshd's own variables taken
+    # out), kept for every run of the job; ALL: the submitter's whole environment; NONE or the names listed: over a
+    # minimal PATH/HOME/USER/LANG; "" : a record from before --export, run like NONE (never with meshd's environment)
+    export: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -122,6 +129,9 @@ class JournalError(RuntimeError):
 
 def unusable(path: Path, why: str) -> str:
     """The one line meshd stops with when its journal cannot be read."""
+    if "disk is full" in why:  # a full state disk, not a damaged journal: moving it aside would discard every job
+        return (f"journal {path} cannot be opened: the state disk is full ({why}); free space on it and start meshd "
+                "again (the journal is not damaged: keep it where it is)")
     return (f"journal {path} is unusable ({why}); move it aside to start with an empty queue (meshd then stops "
             "the jobs it no longer knows, and job ids continue past every id given out)")
 
@@ -144,6 +154,8 @@ class Journal:
             self._db = sqlite3.connect(str(path), isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")  # the WAL never fills a small state disk
+            self._db.execute(f"PRAGMA journal_size_limit={WAL_PAGES * 4096}")
             self._db.executescript(SCHEMA)
             self._db.execute("SELECT count(*) FROM jobs").fetchone()
             problem = _damage(self._db)
@@ -214,10 +226,23 @@ class Journal:
         self.pending, self.failure = {}, ""
 
     def retry(self) -> bool:
-        """Commit what earlier batches could not; True when nothing is kept any more."""
+        """Commit what earlier batches could not; True when nothing is kept any more. A commit the disk still
+        refuses tries again once the WAL has given its space back (a truncating checkpoint): the space a full
+        disk lacks may be the WAL's own superseded pages, and then nothing else would ever free it."""
         with self.batch(defer=True):
             pass
+        if self.pending and self._reclaim():
+            with self.batch(defer=True):
+                pass
         return not self.pending
+
+    def _reclaim(self) -> bool:
+        """Checkpoint the WAL into the journal and truncate it; True when it was (nothing else reading it)."""
+        try:
+            busy = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        except sqlite3.Error:  # the journal cannot grow by the pages the checkpoint writes: the disk is full indeed
+            return False
+        return not busy
 
     def _stage(self, key: tuple, sql: str, args: tuple) -> None:
         if self._depth == 0:  # outside a batch: a batch of its own

@@ -10,8 +10,13 @@ every process left in its session (and its scope cgroup under systemd) gets SIGK
 only once none is left. Stop and the kill timer act on that same set, never on direct children alone.
 A supervisor hands its result over twice: result.json, and a `result` frame on the job socket (`told`), which
 needs no disk: a job whose result.json a full disk refused still ends as it did.
-The supervisor gets no meshd secret (MESHD_TOKEN*): its environment and launch.json are scrubbed, and the
-job directory and its files are private to meshd's user (0700 / 0600).
+A job's environment is its own (`job_env`): what its submitter exported (`mesh submit --export`, kept in its
+record), over a minimal PATH/HOME/USER/LANG unless that was the submitter's whole environment, plus the variables
+the admin lets through from meshd's (`job_env_passthrough`), plus those meshd sets for each rank (supervisor.py's
+`rank_env`). Nothing else of meshd's environment reaches a job. It travels to the supervisor in launch.json; the
+supervisor itself runs with meshd's environment (never the user's: no PYTHONPATH or LD_PRELOAD of theirs in a
+process that may run as root), without meshd's secrets (MESHD_TOKEN*), and the job directory and its files are
+private (0700 / 0600).
 With many users (daemon/users.py) a job's directory belongs to its submitter (0700) and its supervisor is
 told `--as-user`: it works as that user and starts the ranks as them. meshd's own files in that directory
 are written by a fresh name and a rename and opened without following links, so a link the user plants
@@ -37,15 +42,58 @@ from pathlib import Path
 from meshsched.daemon.confine import Confiner, Limits
 from meshsched.daemon.procs import cgroup_of, job_processes, kill_all
 from meshsched.daemon.supervisor import LaunchSpec
-from meshsched.daemon.users import Owner, user_env
+from meshsched.daemon.users import Owner, owner_of, user_env
 
 SECRET_ENV = ("MESHD_TOKEN", "MESHD_TOKEN_FILE")  # never handed to a job
 REAP_INTERVAL = 0.05  # seconds between checks that a dead supervisor's session is empty
+# What meshd sets in a job's environment (docs/daemon.md): a submitter's own value never reaches the job, even where
+# meshd sets it only sometimes (an array task's, MPS's, a multi-node job's)
+MESHD_VARS = frozenset(("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                        "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                        "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "MESH_JOB_ID", "MESH_SOCKET",
+                        "MESH_CHECKPOINT_DIR", "MESH_RESTART_COUNT", "MESH_MICRO_BATCH", "MESH_ACCUM_STEPS",
+                        "MESH_MPS_PERCENTAGE", "MESH_PLAN", *SECRET_ENV))
+MESHD_PREFIXES = ("MESH_ARRAY_", "CUDA_MPS_", "TORCHELASTIC_")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # cli/jobs.py's JOB_PATH
 
 
 def scrub_env(env: dict[str, str]) -> dict[str, str]:
     """The environment without meshd's secrets."""
     return {k: v for k, v in env.items() if k not in SECRET_ENV}
+
+
+def exported(env: dict[str, str]) -> dict[str, str]:
+    """What of a submitter's exported environment the job keeps: all but the variables meshd sets."""
+    return {k: v for k, v in env.items() if k not in MESHD_VARS and not k.startswith(MESHD_PREFIXES)}
+
+
+def minimal_env(uid: int | None) -> dict[str, str]:
+    """The environment a job starts from when its submitter did not export all of theirs: PATH, and the HOME, USER,
+    LOGNAME, SHELL of its user (`uid`; None: meshd's), LANG."""
+    env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}
+    try:
+        env.update(user_env(owner_of(os.getuid() if uid is None else uid)))
+    except KeyError:  # a uid the password database does not know
+        pass
+    return env
+
+
+def job_env(env: dict[str, str], export: str, uid: int | None, passthrough: tuple[str, ...] = (),
+            meshd_env: dict[str, str] | None = None) -> dict[str, str]:
+    """A job's environment before meshd's per-run variables: the `env` its record keeps, over a minimal one unless
+    `export` is ALL, over the `passthrough` variables of meshd's environment (`meshd_env`, default its own)."""
+    own = os.environ if meshd_env is None else meshd_env
+    out = {} if export == "ALL" else minimal_env(uid)
+    out.update(scrub_env({k: own[k] for k in passthrough if k in own}))
+    out.update(env)
+    return out
+
+
+def supervisor_env(job_id: str) -> dict[str, str]:
+    """A job supervisor's own environment: meshd's without its secrets, marked with the job (`job_marker`)."""
+    env = scrub_env(dict(os.environ))
+    env["MESH_JOB_ID"] = job_id
+    return env
 
 
 def job_marker(job_id: str) -> bytes:
@@ -60,6 +108,7 @@ class Outcome:
     status: str  # completed | failed | terminated | preempted | lost
     reason: str
     exit_code: int | None = None  # a failed rank's exit code (negative: its signal), 0 when completed
+    run: int | None = None  # the run it is the result of (its LaunchSpec.restart); None: not known
 
 
 def proc_start_time(pid: int) -> str | None:
@@ -96,12 +145,31 @@ def _write_private(path: Path, text: str) -> None:
         raise
 
 
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _read_json(path: Path) -> dict:
+    with open(path, opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
+        data = json.loads(fh.read())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path.name} holds no object")
+    return data
+
+
 def read_outcome(job_dir: Path) -> Outcome:
+    """The job's last result (result.json), with the run it is of: the result says it (`restart`); a result of an
+    older supervisor does not, but a launch removes result.json before it writes launch.json, so a result there is
+    of the run launch.json describes."""
     try:
-        with open(job_dir / "result.json", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
-            data = json.loads(fh.read())
-        code = data.get("exit_code")
-        return Outcome(str(data["status"]), str(data.get("reason") or ""), code if isinstance(code, int) else None)
+        data = _read_json(job_dir / "result.json")
+        run = _int(data.get("restart"))
+        if run is None:
+            try:
+                run = _int(_read_json(job_dir / "launch.json").get("restart"))
+            except (OSError, ValueError):
+                pass
+        return Outcome(str(data["status"]), str(data.get("reason") or ""), _int(data.get("exit_code")), run)
     except (OSError, ValueError, KeyError):
         from meshsched.daemon.supervisor import tail
 
@@ -148,10 +216,8 @@ class Launcher:
               limits: Limits = Limits()) -> tuple[int, str, Limits]:
         """Start the job's supervisor (working as `owner`, None: as meshd's user) confined to `limits`; returns
         (pid, start time, the limits in force: a memory limit whose cgroup could not be made is dropped)."""
-        env = scrub_env(spec.env)
+        env = scrub_env(spec.env)  # the ranks' (launch.json); the supervisor runs with `supervisor_env`
         env["MESH_JOB_ID"] = spec.job_id
-        if owner is not None:
-            env.update(user_env(owner))
         cgroup = None
         if limits.memory_by.startswith("cgroup"):
             cgroup = self.confiner.make_cgroup(spec.job_id, spec.restart, limits)
@@ -188,7 +254,7 @@ class Launcher:
             argv = [self._systemd_run, "--scope", "--quiet", "--collect", f"--unit={unit}",
                     *self.confiner.systemd_properties(limits), "--", *argv]
         pid = os.posix_spawn(
-            argv[0], argv, spec.env,
+            argv[0], argv, supervisor_env(spec.job_id),
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_OPEN, 1, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600),

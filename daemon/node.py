@@ -43,6 +43,7 @@ from meshsched.daemon.mps import MpsManager, open_mps
 from meshsched.daemon.notify import Notifier
 from meshsched.daemon.runs import JobChannel, LocalRuns, RunContext
 from meshsched.daemon.submission import Submission, SubmitContext
+from meshsched.daemon.supervisor import LaunchSpec
 from meshsched.daemon.users import share_dirs
 from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
@@ -50,7 +51,7 @@ from meshsched.executor import check_handlers
 from meshsched.loaders.profiles import installed_handle
 from meshsched.policies.registry import make_policy, needs_models
 from meshsched.wire.protocol import ReportContext, SubmitRequest, check_report
-from meshsched.state import ExecConfig, NodeSpec
+from meshsched.state import ExecConfig, JobSpec, NodeSpec
 
 LOG = logging.getLogger("meshd")
 
@@ -320,9 +321,14 @@ class NodeDaemon:
                     why = "meshd restarted and the job's processes were gone"
                     outcomes.append(ev.JobFailed(sid("recover"), rec.job_id, why, requeue=True))
                 else:
+                    rec.exit_code = outcome.exit_code  # as on_exit records it: `mesh show`, `--wait`'s own code
                     outcomes.append(runs.outcome_event(rec.job_id, outcome, rec.pausing))
                 continue
+            if not held and self._adopt_unjournaled(rec, spec, ngpus):
+                continue
             runs.reap_orphan(rec)
+            if self._ended_unjournaled(rec):
+                continue
             dispatch(ev.JobRestored(sid("restore"), spec, rec.restarts > 0, rec.checkpoint_iterations, rec.restarts, held))
         self._stop_forgotten()
         for event in outcomes:
@@ -330,6 +336,57 @@ class NodeDaemon:
         dispatch(ev.RecoveryDone(sid("recovered")))
         live = sum(1 for r in self.records.values() if r.state not in TERMINAL)
         LOG.info("recovered %d job record(s), %d not finished", len(self.records), live)
+
+    def _adopt_unjournaled(self, rec: JobRecord, spec: JobSpec, ngpus: int) -> bool:
+        """A queued record whose launch the journal lost (a WAL cut short, writes a full disk kept in memory when
+        meshd was killed) while that run's supervisor still runs here (its pid and start time in supervisor.pid,
+        its GPUs in launch.json): the run is adopted as launched, never killed and started a second time (it may
+        have ended and be handing its result over). A job across nodes is left to the orphan rule."""
+        job_dir = Path(rec.job_dir)
+        try:
+            pid_text, _, start = (job_dir / "supervisor.pid").read_text().strip().partition(" ")
+            pid, launch = int(pid_text), LaunchSpec.load(job_dir / "launch.json")
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        gpus = tuple(launch.local_gpus)
+        if (not gpus or len(gpus) != rec.gpus or launch.world_size not in (0, len(gpus)) or max(gpus) >= ngpus
+                or launch.restart < rec.restarts or not self.launcher.adopt(rec.job_id, pid, start, job_dir)):
+            return False
+        rec.assigned, rec.restarts = list(gpus), launch.restart + 1
+        rec.supervisor_pid, rec.supervisor_start = pid, start
+        self.loop.dispatch(ev.JobAdopted(self.loop.sid("adopt"), spec, gpus, rec.checkpoint_iterations,
+                                         rec.checkpoint_iterations, rec.restarts,
+                                         ExecConfig.from_dict(rec.exec) if rec.exec else None, rec.time_limit_at))
+        LOG.warning("job %s (%s): its run %d runs (supervisor %d) but the journal had lost its launch: adopted",
+                    rec.job_id, rec.name, launch.restart, pid)
+        return True
+
+    def _ended_unjournaled(self, rec: JobRecord) -> bool:
+        """A queued record whose job dir holds the end (completed or failed) of a run it does not know was launched
+        (its launch and end were lost from the journal: a WAL cut short, writes a full disk kept in memory when meshd
+        was killed) ends as that run did, never to run again. A result of a run the record knows (its `restarts`
+        counts launches; result.json says which run it is of) is of a run since requeued; a preempted or terminated
+        run is meant to run again."""
+        outcome = read_outcome(Path(rec.job_dir))
+        if outcome.status not in ("completed", "failed") or outcome.run is None or outcome.run < rec.restarts:
+            return False
+        now = time.time()
+        try:
+            ended = (Path(rec.job_dir) / "result.json").stat().st_mtime
+        except OSError:
+            ended = now
+        rec.state = "COMPLETED" if outcome.status == "completed" else "FAILED"
+        rec.reason = "" if outcome.status == "completed" else outcome.reason
+        rec.exit_code, rec.restarts, rec.end_time = outcome.exit_code, outcome.run + 1, ended
+        rec.supervisor_pid, rec.supervisor_start, rec.held = 0, "", False
+        if outcome.status == "completed":
+            rec.done_iterations = rec.checkpoint_iterations = float(rec.iterations)
+        with self.journal.batch(defer=True):  # a full disk keeps it for a retry
+            self.journal.transition(rec.job_id, now, rec.state, rec.reason)
+            self.journal.put(rec)
+        LOG.warning("job %s (%s): its run %d ended (%s, exit code %s) but the journal had lost it: %s, not run "
+                    "again", rec.job_id, rec.name, outcome.run, outcome.status, outcome.exit_code, rec.state)
+        return True
 
     def _stop_forgotten(self) -> None:
         """Job processes no record re-adopted (a journal moved aside, emptied, cut short or stale) are stopped, and

@@ -2,7 +2,7 @@
 it printed are not.
 
 A view of another user's job leaves out PRIVATE (its command and arguments, working directory, job directory,
-output files, rank reports) and shows its reason's public part only. A failure reason is written as a public
+output files, rank reports, its environment and what `--export` named) and shows its reason's public part only. A failure reason is written as a public
 phrase, then ": " and its private detail: `rank 0 failed (exit code 1): <the rank's last log lines>` (the
 supervisor), `could not start on n1: <the OS error>`, `cannot open <path>: <why>`, `the job's supervisor exited
 without a result (<its log's last line>)`; a few phrases only wrap another reason (`ranks on n2 failed: ...`,
@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-PRIVATE = ("command", "cwd", "job_dir", "output", "error", "rank_reports")  # not listed to other users
+PRIVATE = ("command", "cwd", "job_dir", "output", "error", "rank_reports", "env", "export")  # not for other users
 ENGINE_REASONS = ("refused: ",)  # the engine's own words about resources: public whole
 QUEUED = ("PENDING", "PREEMPTED")  # their reason is the engine's pending reason: public whole
 _WRAPS = re.compile(r"ranks on \S+ failed|exceeded its memory limit of \S+ GiB \(the kernel OOM-killed it\)")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from meshsched.daemon.engine_loop import EngineLoop
 from meshsched.daemon.gpus import GpuBackend
 from meshsched.daemon.hostres import HostResources
 from meshsched.daemon.journal import JobRecord, Journal
-from meshsched.daemon.launcher import Launcher, Outcome, free_port
+from meshsched.daemon.launcher import Launcher, Outcome, free_port, job_env
 from meshsched.daemon.mps import MpsManager
 from meshsched.daemon.supervisor import LaunchSpec
 from meshsched.daemon.users import owner_of
@@ -201,8 +200,7 @@ class LocalRuns:
         inv = c.gpus.inventory()
         nodes = list(dict.fromkeys(state.gpus[g].node for g in action.gpus))
         many = len(nodes) > 1
-        env = dict(os.environ)
-        env.update(rec.env)
+        env = job_env(rec.env, rec.export, rec.uid, c.config.passthrough_names)  # never meshd's own environment
         env.setdefault("MESH_GRACE_PERIOD", str(c.config.preempt_grace))
         # The SDK trains with this micro-batch and accumulation (the global batch is unchanged).
         env.update(MESH_MICRO_BATCH=str(x.micro_batch), MESH_ACCUM_STEPS=str(x.accumulation),

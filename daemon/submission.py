@@ -18,6 +18,7 @@ from meshsched.daemon.control import PLAIN, ControlRequest, JobControl, expand_p
 from meshsched.daemon.engine_loop import EngineLoop
 from meshsched.daemon.idmark import IdMark
 from meshsched.daemon.journal import JobRecord, Journal
+from meshsched.daemon.launcher import exported
 from meshsched.daemon.mesh_node import record_payload
 from meshsched.daemon.mirror import job_spec
 from meshsched.engine import Engine
@@ -77,7 +78,7 @@ class Submission:
         array_id = head if ctl.tasks else ""
         name = req.name or default_name(req.command)
         job_id = head if task is None else f"{head}_{task}"
-        env = dict(req.env)
+        env = exported(req.env)  # the submitter's values of the variables meshd sets never reach the job
         if task is not None:
             env.update(MESH_ARRAY_JOB_ID=array_id, MESH_ARRAY_TASK_ID=str(task),
                        MESH_ARRAY_TASK_COUNT=str(len(ctl.tasks)), MESH_ARRAY_TASK_MIN=str(ctl.tasks[0]),
@@ -87,7 +88,7 @@ class Submission:
             job_id=job_id, seq=seq, gpus=req.gpus, model=req.model, batch_size=req.batch_size,
             iterations=req.iterations or DEFAULT_ITERATIONS, iterations_given=req.iterations is not None,
             submit_time=now, name=name, user=user, deadline=req.deadline, guaranteed=req.guaranteed,
-            command=req.command, cwd=req.cwd, env=env, job_dir=str(self.ctx.config.jobs_dir / job_id),
+            command=req.command, cwd=req.cwd, env=env, export=req.export, job_dir=str(self.ctx.config.jobs_dir / job_id),
             array_id=array_id, array_task=task, array_limit=ctl.array_limit, dependency=deps,
             time_limit=ctl.time_limit, held=ctl.hold, uid=uid, begin_time=ctl.begin, **files, **resources(req),
         )

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import select
@@ -53,6 +54,7 @@ PARTIAL_MAX = 1 << 16  # bytes of a line without an end kept back from the user'
 CLEANUP_TIMEOUT = 10.0  # seconds to wait for left-over processes after SIGKILL (D state, NFS)
 RESULT_PATIENCE = 300.0  # seconds the result is offered to result.json and meshd before the supervisor gives up
 RESULT_RETRY = 1.0  # seconds between those tries
+RESULT_SLOT = 8192  # bytes reserved for result.json when the supervisor starts (a reason is capped at 4096 characters)
 TELL_TIMEOUT = 5.0  # seconds meshd has to acknowledge a result frame
 
 
@@ -121,12 +123,34 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
     return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
 
 
+def reserve_result(job_dir: Path) -> None:
+    """Take the space result.json will need now, while the disk has it (RESULT_SLOT bytes in result.json.tmp, which
+    `write_result` overwrites in place): a disk full by the time the job ends still takes its result, and a meshd
+    restarted (SIGKILLed while it kept the end in memory) still finds it. A full disk now: no slot, no harm."""
+    tmp = job_dir / "result.json.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return
+    try:
+        os.write(fd, b" " * RESULT_SLOT)
+    except OSError:
+        os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+
+
 def write_result(job_dir: Path, result: dict) -> None:
     tmp = job_dir / "result.json.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    data = json.dumps(result).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o600)  # no O_TRUNC: the space `reserve_result` took is reused
     try:
-        with open(fd, "w") as fh:
-            fh.write(json.dumps(result))
+        try:
+            if os.pwrite(fd, data, 0) != len(data):  # a short write: the disk is full past the slot
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            os.ftruncate(fd, len(data))  # shrinking needs no space
+        finally:
+            os.close(fd)
         os.replace(tmp, job_dir / "result.json")
     except OSError:  # a full disk: no empty file left behind
         tmp.unlink(missing_ok=True)
@@ -167,6 +191,7 @@ def hand_over(job_dir: Path, spec: LaunchSpec, result: dict, patience: float = R
     RESULT_RETRY seconds until one works or `patience` runs out (meshd restarting while the disk is full);
     True once one worked."""
     deadline, said = time.monotonic() + patience, False
+    result = {**result, "restart": spec.restart}  # which run ended: a restarted meshd tells it from a newer one
     while True:
         try:
             write_result(job_dir, result)
@@ -394,6 +419,7 @@ class Supervisor:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         self.confine()
         self.become_user()
+        reserve_result(self.job_dir)  # as the user who will write it
         signal.signal(signal.SIGTERM, lambda *_: self._on_term())
         signal.signal(signal.SIGINT, lambda *_: self._on_term())
         signal.signal(signal.SIGALRM, lambda *_: self.kill_all())

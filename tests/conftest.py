@@ -20,6 +20,9 @@ if str(ROOT) not in sys.path:  # `tests.support` imports whichever directory pyt
     sys.path.insert(0, str(ROOT))
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # beside the repository (as in CI)
+# The tests submit as from a shell with this interpreter's environment active: a job's .py script runs on the
+# python3 first on the PATH the submitter exports (`mesh submit --export`), so that is this one (with meshsched)
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -23,6 +23,8 @@ MAX_REASON = 4096  # characters of a result's reason
 REPLY_TYPES = ("ok", "error")  # meshd -> job; an "ok" may carry "directives" (list of maps with "kind")
 DEFAULT_ITERATIONS = 100  # a job's expected iterations when neither `mesh submit --iters` nor its script says
 MAX_NAME = 128  # characters of a job name or model name (they are columns of `mesh ls`)
+MAX_ENV_BYTES = 128 * 1024  # a job's exported environment, NAME=VALUE\0 counted (cli/jobs.py says it before sending)
+MAX_EXPORT = 4096  # characters of `--export`'s mode as recorded (ALL, NONE, or the names it listed)
 
 
 class ProtocolError(ValueError):
@@ -201,7 +203,9 @@ class SubmitRequest:
     name: str = ""
     deadline: float | None = None  # absolute UNIX time
     guaranteed: bool = False
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # the job's environment (`--export`), meshd's variables aside
+    export: str = ""  # ALL: `env` is the submitter's whole environment; else (NONE, the names listed, "") it goes over
+    # a minimal PATH/HOME/USER/LANG for the job's user
     plan: str | None = None  # execution plan (meshsched.perf.plans string form: dp2-ga2-gc); the job's MESH_PLAN
     cpus: int | None = None  # CPU cores in all (None: the node's share per GPU)
     memory_gb: float | None = None  # host memory in all, GB (None: the node's share per GPU)
@@ -253,6 +257,13 @@ class SubmitRequest:
             raise RequestError("command and cwd must not contain NUL characters")
         if any("\0" in k or "=" in k or not k or "\0" in v for k, v in env.items()):
             raise RequestError("env names must be non-empty, without '=' or NUL; values without NUL")
+        size = env_bytes(env)
+        if size > MAX_ENV_BYTES:
+            raise RequestError(f"the job's environment is {size} bytes, over the limit of {MAX_ENV_BYTES}; submit "
+                               "with --export=NONE or --export=VAR,... (the variables the job needs)")
+        export = data.get("export", "")
+        if not isinstance(export, str) or len(export) > MAX_EXPORT or not export.isprintable():
+            raise RequestError(f"export must be ALL, NONE or a list of names, at most {MAX_EXPORT} characters")
         return cls(
             command=list(command),
             cwd=cwd,
@@ -261,12 +272,19 @@ class SubmitRequest:
             deadline=None if deadline is None else float(deadline),
             guaranteed=bool(data.get("guaranteed", False)),
             env=dict(env),
+            export=export,
             plan=plan,
             cpus=cpus,
             memory_gb=None if memory_gb is None else float(memory_gb),
             tenant=data.get("tenant") or "default",
             **ints,
         )
+
+
+def env_bytes(env: dict[str, str]) -> int:
+    """The size of an environment as execve counts it: NAME=VALUE and a NUL per variable, in UTF-8."""
+    return sum(len(k.encode(errors="surrogateescape")) + len(v.encode(errors="surrogateescape")) + 2
+               for k, v in env.items())
 
 
 def _plan(value: Any, gpus: int) -> str | None:
