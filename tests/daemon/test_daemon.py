@@ -258,8 +258,10 @@ async def test_model_option_reuses_a_profile(daemon):
     daemon.cancel(rec.job_id)
 
 
-async def test_orphan_of_an_unjournalled_launch_is_killed(dirs):
-    """meshd died after spawning a job but before committing: the journal says PENDING, a supervisor runs."""
+async def test_a_live_run_of_an_unjournalled_launch_is_adopted_not_started_again(dirs):
+    """meshd died after spawning a job but before committing: the journal says PENDING, a supervisor runs. It used
+    to be killed as an orphan and the job launched again (a job that had ended and was handing its result over
+    then ran twice: the storage chaos run); now that run is adopted, its GPUs held, never started twice."""
     cfg = make_config(*dirs)
     d1 = NodeDaemon(cfg)
     await d1.start()
@@ -275,8 +277,8 @@ async def test_orphan_of_an_unjournalled_launch_is_killed(dirs):
     d2 = NodeDaemon(cfg)
     await d2.start()
     try:
-        await wait_for(lambda: _gone(orphan), what="orphan killed")
-        assert state(d2, rec.job_id) == "RUNNING" and d2.records[rec.job_id].supervisor_pid != orphan
+        assert state(d2, rec.job_id) == "RUNNING" and d2.records[rec.job_id].supervisor_pid == orphan
+        assert not _gone(orphan) and d2.engine.state.jobs[rec.job_id].gpus == (0,)
     finally:
         pids = [r.supervisor_pid for r in d2.records.values()]
         await d2.close()
