@@ -5,12 +5,10 @@ Shared helpers that are not fixtures live in tests/support/; test modules never 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import stat
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -95,33 +93,13 @@ def fake_control(tmp_path, monkeypatch):
 @pytest.fixture
 def served(tmp_path, monkeypatch):
     """A meshd (fake GPUs) in a background thread, `mesh` pointed at it by MESH_API_SOCKET."""
-    from meshsched.daemon.node import NodeDaemon
-
-    from tests.support.daemon import kill_sessions, make_config, remove, short_dir
+    from tests.support.daemon import daemon_in_thread, make_config, remove, short_dir
 
     runtime = short_dir()
     cfg = make_config(tmp_path / "state", runtime)
     monkeypatch.setenv("MESH_API_SOCKET", str(cfg.api_socket))
-    loop = asyncio.new_event_loop()
-    d = NodeDaemon(cfg)
-    started = threading.Event()
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(d.start())
-        started.set()
-        loop.run_forever()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert started.wait(20)
-    yield d
-    pids = [r.supervisor_pid for r in list(d.records.values())]
-    asyncio.run_coroutine_threadsafe(d.close(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(5)
-    loop.close()
-    kill_sessions(pids)
+    with daemon_in_thread(cfg) as (d, _):
+        yield d
     remove(runtime)
 
 

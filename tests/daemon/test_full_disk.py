@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -33,6 +32,7 @@ from tests.support.daemon import (
     py,
     remove,
     short_dir,
+    small_tmpfs,
     start_meshd,
     wait_for,
 )
@@ -267,16 +267,8 @@ time.sleep(300)
 
 @pytest.fixture
 def tiny_state(tmp_path):
-    state = tmp_path / "state"
-    state.mkdir()
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(state)], check=True,
-                       capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        pytest.skip(f"cannot mount a 2 MB tmpfs for the state dir (needs root or CAP_SYS_ADMIN): {exc}")
-    yield state
-    if subprocess.run(["umount", str(state)], capture_output=True, check=False).returncode:
-        subprocess.run(["umount", "-l", str(state)], capture_output=True, check=False)
+    with small_tmpfs(tmp_path / "state", "2m") as path:
+        yield path
 
 
 def _free(path: Path) -> int:

@@ -16,7 +16,6 @@ import http.client
 import json
 import os
 import socket
-import threading
 import urllib.parse
 
 import pytest
@@ -32,7 +31,7 @@ from meshsched.wire.protocol import (
     SubmitRequest,
     encode_frame,
 )
-from tests.support.daemon import kill_sessions, make_config, poll, py, remove, short_dir
+from tests.support.daemon import daemon_in_thread, make_config, poll, py, remove, short_dir
 
 pytestmark = pytest.mark.slow
 EXAMPLES = int(os.environ.get("MESH_FUZZ_EXAMPLES", "1000"))
@@ -58,19 +57,13 @@ class Served:
 def served(tmp_path_factory):
     runtime = short_dir()
     cfg = make_config(tmp_path_factory.mktemp("fuzz") / "state", runtime)
-    loop = asyncio.new_event_loop()
-    d = NodeDaemon(cfg)
-    started = threading.Event()
+    with daemon_in_thread(cfg) as (d, loop):
+        yield _serving(d, loop)
+    remove(runtime)
 
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(d.start())
-        started.set()
-        loop.run_forever()
 
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert started.wait(20)
+def _serving(d, loop) -> Served:
+    """The fuzzer's view of a meshd: a job holding every GPU (the frames speak for it)."""
     s = Served(d, loop)
     blocker = s.call(d.submit, SubmitRequest(command=py("import time; time.sleep(600)"), cwd="/tmp", gpus=4,
                                              iterations=1), "fuzzer")
@@ -79,14 +72,7 @@ def served(tmp_path_factory):
     original = d.job_of_pid
     me = os.getpid()
     d.job_of_pid = lambda pid: blocker.job_id if pid == me else original(pid)  # frames speak for the blocker
-    yield s
-    pids = [r.supervisor_pid for r in list(d.records.values())]
-    asyncio.run_coroutine_threadsafe(d.close(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(5)
-    loop.close()
-    kill_sessions(pids)
-    remove(runtime)
+    return s
 
 
 # ------------------------------------------------------------------ the job socket

@@ -10,18 +10,15 @@ this runs anywhere. tests/daemon/test_multiuser.py does the same with two real u
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from dataclasses import replace
 
 import pytest
 from meshsched.cli.client import Client
 from meshsched.daemon import runs, users
-from meshsched.daemon.node import NodeDaemon
 from meshsched.daemon.users import Peer
 
-from tests.support.daemon import kill_sessions, make_config, poll, remove, short_dir
+from tests.support.daemon import daemon_in_thread, make_config, poll, remove, short_dir
 
 SECRET = "s3cr3t"
 ANN, BOB = Peer(50001, "pann"), Peer(50002, "pbob")
@@ -36,28 +33,11 @@ def shared(tmp_path, monkeypatch):
     asking = [Peer(None, "operator")]
     monkeypatch.setattr(users, "peer", lambda request: asking[0])
     monkeypatch.setattr(runs, "owner_of", lambda uid: None)  # jobs run as this test's user
-    loop, d, started = asyncio.new_event_loop(), NodeDaemon(cfg), threading.Event()
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(d.start())
-        started.set()
-        loop.run_forever()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert started.wait(20)
-
     def act_as(peer: Peer) -> None:
         asking[0] = peer
 
-    yield d, act_as
-    pids = [r.supervisor_pid for r in list(d.records.values())]
-    asyncio.run_coroutine_threadsafe(d.close(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(5)
-    loop.close()
-    kill_sessions(pids)
+    with daemon_in_thread(cfg) as (d, _):
+        yield d, act_as
     remove(runtime)
 
 

@@ -5,18 +5,16 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
-
 from meshsched.daemon.journal import Journal, JournalError
 from meshsched.daemon.launcher import Outcome, proc_start_time, read_outcome
 from meshsched.daemon.node import NodeDaemon
 from meshsched.daemon.supervisor import reserve_result, write_result
 
 from meshsched.wire.protocol import SubmitRequest
-from tests.support.daemon import close_daemon, kill_sessions, make_config, py, wait_for
+from tests.support.daemon import close_daemon, kill_sessions, make_config, py, small_tmpfs, wait_for
 
 
 def _alive(pid: int) -> bool:
@@ -168,16 +166,8 @@ async def test_a_result_of_a_run_meant_to_run_again_does_not_end_the_job(dirs, t
 
 @pytest.fixture
 def tiny_disk(tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(disk)], check=True,
-                       capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        pytest.skip(f"cannot mount a small tmpfs (needs root or CAP_SYS_ADMIN): {exc}")
-    yield disk
-    if subprocess.run(["umount", str(disk)], capture_output=True, check=False).returncode:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True, check=False)
+    with small_tmpfs(tmp_path / "disk", "256k") as path:
+        yield path
 
 
 def _fill(disk: Path) -> None:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -190,3 +191,50 @@ while sess.step < 300:
 sess.close()
 print("done", sess.step, c.total, flush=True)
 '''
+
+
+@contextlib.contextmanager
+def daemon_in_thread(cfg: DaemonConfig):
+    """(meshd, its loop): a NodeDaemon started in a background thread's event loop, for tests that call it as a
+    client would (`mesh` in-process, HTTP); closed, and its jobs' sessions killed, at the end."""
+    from meshsched.daemon.node import NodeDaemon
+
+    loop, d, started = asyncio.new_event_loop(), NodeDaemon(cfg), threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(d.start())
+        started.set()
+        loop.run_forever()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert started.wait(20)
+    try:
+        yield d, loop
+    finally:
+        pids = [r.supervisor_pid for r in list(d.records.values())]
+        asyncio.run_coroutine_threadsafe(d.close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(5)
+        loop.close()
+        kill_sessions(pids)
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str):
+    """`path` (created) with a tmpfs of `size` (e.g. "2m") mounted on it, unmounted at the end; the test is
+    skipped with the reason where mounting is not allowed (needs root or CAP_SYS_ADMIN)."""
+    import pytest
+
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True,
+                       capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"cannot mount a {size} tmpfs (needs root or CAP_SYS_ADMIN): {exc}")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
