@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from meshsched.cli import jobs, profiles, simulate
+from meshsched.cli import admin, jobs, profiles, simulate
 from meshsched.cli.client import RECONNECT_SECONDS
 
 app = typer.Typer(
@@ -79,24 +79,49 @@ def submit(
         help="the job's environment, as sbatch: ALL (this shell's, at submit), NONE (a minimal PATH, HOME, USER, "
              "LANG), or VAR[,VAR=value...] (those, over the minimal one; ALL,VAR=value: all and those); meshd adds "
              "its own (RANK..., CUDA_VISIBLE_DEVICES, MESH_*)"),
+    signal: str = typer.Option(
+        "", "--signal", metavar="[B:]SIG[@SECONDS]",
+        help="send SIG (USR1, 10...) to every rank SECONDS (default 60) before the time limit, once per run; B: to "
+             "rank 0 only"),
 ) -> None:
     """Submit a training job; prints its id. The script runs as from this shell: an executable is executed, a
     script with a #! line runs through it, a .py file without one on the python3 first on the job's PATH. A job
     that could never run (a plan that does not fit, more CPUs or memory than any node has, a guaranteed job over
-    its tenant's quota) is refused in one line, nothing queued."""
-    jobs.submit(str(script), list(args or []), gpus, batch_size, iters, model, name, deadline, guaranteed, as_json,
-                array, dependency, time_limit, hold, wait, output, error, begin, plan, cpus, mem, tenant, reconnect,
-                export)
+    its tenant's quota) is refused in one line, nothing queued.
+
+    #MESH lines at the top of the script (after the #! line, before the first command) give options too, as
+    sbatch's #SBATCH lines: `#MESH --gpus 4`, `#MESH --time 2:00:00`; the command line wins over them."""
+    values = dict(locals())  # the options as typer converted them; only those this command line set go on
+    from meshsched.cli.directives import given, merge
+
+    ctx = typer.main.get_current_context()
+    on_line = {k: v for k, v in values.items() if k in given(ctx) - {"script", "args"}}
+    jobs.submit(str(script), list(args or []), **merge(str(script), on_line, ctx.command))
 
 
 @app.command("ls")
 def ls(
     job_ids: list[str] = typer.Argument(None, help="only these jobs (an array id: all its tasks, ended or not)"),
     all_jobs: bool = typer.Option(False, "--all", "-a", help="include finished jobs"),
-    as_json: bool = typer.Option(False, "--json", help="print the jobs as JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print the jobs as JSON (every task of an array)"),
+    user: str = typer.Option("", "--user", "-u", help="only this user's jobs"),
+    me: bool = typer.Option(False, "--me", help="only my jobs"),
+    state: str = typer.Option(
+        "", "--state", "-t", help="only jobs in these states, e.g. PENDING,RUNNING (an ended state: ended jobs too)"),
+    name: str = typer.Option("", "--name", "-n", help="only jobs with this name"),
+    fmt: str = typer.Option(
+        "", "--format", "-o", help="the columns, e.g. id,user,state,time,name; fields: id name user state time gpus "
+                                   "partner batch mps where node reason submit start end limit left array step exit"),
+    array_unfold: bool = typer.Option(False, "--array-unfold", "-r", help="one row per pending array task"),
 ) -> None:
-    """List jobs like squeue: JOBID NAME USER STATE TIME GPUS NODE(REASON)."""
-    jobs.ls(all_jobs, as_json, list(job_ids or []) or None)
+    """List jobs like squeue: JOBID NAME USER STATE TIME GPUS PARTNER BATCH MPS% NODE(REASON).
+
+    TIME is the time a job ran (held GPUs), not while it was queued, held or preempted. Pending tasks of an array
+    are one row (12_[5-299%8]: tasks 5 to 299, at most 8 at once) unless --array-unfold. Columns are cut to 32
+    cells with an ellipsis. An id that names no job is an error (exit 1), after the jobs the others name."""
+    from meshsched.cli import views
+
+    views.ls(all_jobs, as_json, list(job_ids or []) or None, user, me, state, name, fmt, array_unfold)
 
 
 @app.command()
@@ -104,8 +129,12 @@ def show(
     job_id: str = typer.Argument(..., help="job id"),
     as_json: bool = typer.Option(False, "--json", help="print the job as JSON"),
 ) -> None:
-    """Everything about one job, with its state history."""
-    jobs.show(job_id, as_json)
+    """Everything about one job (scontrol show job): times (submit, eligible, begin, start, end, run, limit, left),
+    exit code, the command, stdout, progress with its state history. done_iterations is '-' for a job that reports
+    no steps (the scheduler's estimate is shown beside it, marked as one)."""
+    from meshsched.cli import views
+
+    views.show(job_id, as_json)
 
 
 @app.command()
@@ -162,6 +191,24 @@ def requeue(job_ids: list[str] = typer.Argument(..., help="job or array ids")) -
 
 
 @app.command()
+def acct(
+    since: str = typer.Option("", "--since", "-S", help="ended at or after: -1d, -3h, -90m, now, or 2026-11-01[T08:00]"),
+    until: str = typer.Option("", "--until", "-E", help="ended before (same forms as --since)"),
+    user: str = typer.Option("", "--user", "-u", help="only these users' jobs (a,b)"),
+    state: str = typer.Option("", "--state", "-s", help="only jobs that ended so (COMPLETED,FAILED,CANCELLED,TIMEOUT)"),
+    summary: bool = typer.Option(False, "--summary", help="GPU-hours per user and per tenant over the period"),
+    as_json: bool = typer.Option(False, "--json", help="print the rows (or the summary) as JSON"),
+    as_csv: bool = typer.Option(False, "--csv", help="print the rows (or the summary) as CSV"),
+) -> None:
+    """Accounting of ended jobs, as sacct: one row per job (id, user, tenant, name, state, exit code, submit /
+    start / end, GPUs, GPU-hours, restarts, nodes), kept after retention forgets the job. GPU-hours: GPUs x the
+    seconds of each run, summed over its runs. A user sees their own jobs only, an operator everyone's."""
+    from meshsched.cli import acct as acct_view
+
+    acct_view.acct(since, until, user, state, as_json, as_csv, summary)
+
+
+@app.command()
 def nodes(as_json: bool = typer.Option(False, "--json", help="print the nodes as JSON")) -> None:
     """Nodes and their GPUs."""
     jobs.nodes(as_json)
@@ -194,4 +241,5 @@ def daemon(ctx: typer.Context) -> None:
 
 
 simulate.register(app)
+admin.register(app)  # drain, resume
 app.add_typer(profiles.app, name="profiles")

@@ -1,5 +1,5 @@
-"""The job commands (`submit`, `ls`, `show`, `logs`, `cancel`, `hold`, `release`, `requeue`, `nodes`): thin
-clients of meshd's API (`top` is in cli/top.py).
+"""The job commands (`submit`, `logs`, `cancel`, `hold`, `release`, `requeue`, `nodes`): thin clients of meshd's
+API (`ls` and `show` are in cli/views.py, `top` in cli/top.py).
 
 Plain functions with keyword arguments, called by the lean parser (cli/fast.py) and by the typer app
 (cli/app.py) alike. Module imports are stdlib only (no typer, no rich, no pathlib): a `mesh ls` pays only
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from meshsched.cli.client import (RECONNECT_SECONDS, SERVICE_HELP, SOCKET_HELP, ApiError, Client, DaemonGone,
                                   DaemonUnavailable, Riding, error_of)
 from meshsched.cli.output import fail, print_json, print_json_bytes
-from meshsched.wire.jobtable import batch, columns, exec_of, fmt_time, mps, partners
+from meshsched.wire.jobtable import columns
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 NOTHING_TO_CANCEL = 3  # `mesh cancel` exit code when a job had already ended (documented in --help, README)
@@ -100,8 +100,11 @@ def parse_begin(text: str, now: float) -> float:
         fail(f"--begin {text!r}: give now+N (seconds) / now+5m / now+2hours, HH:MM[:SS], or an ISO date-time")
 
 
-def parse_time_limit(text: str) -> float:
-    """Slurm's --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS -> seconds (> 0)."""
+def parse_time_limit(text: str, unlimited: bool = False) -> float:
+    """Slurm's --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS -> seconds (> 0). `unlimited`: 0 (no limit,
+    as Slurm) for UNLIMITED, INFINITE or a zero time (0, 00:00, 0-0)."""
+    if unlimited and text.strip().upper() in ("UNLIMITED", "INFINITE"):
+        return 0.0
     days, dash, rest = text.strip().rpartition("-") if "-" in text else ("", "", text.strip())
     parts = rest.split(":")
     try:
@@ -116,9 +119,20 @@ def parse_time_limit(text: str) -> float:
                        3: lambda: nums[0] * 3600 + nums[1] * 60 + nums[2]}[len(nums)]()
     except ValueError:
         fail(f"--time {text!r}: give MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (as in 1:30:00)")
-    if seconds <= 0:
+    if seconds <= 0 and not unlimited:
         fail(f"--time {text!r}: the limit must be longer than zero")
     return float(seconds)
+
+
+def parse_signal(text: str) -> str:
+    """sbatch's --signal: [B:]SIG[@SECONDS] (SIG a name, USR1 or SIGUSR1, or a number; SECONDS 0-65535, default 60)
+    -> its canonical form, B:SIGUSR1@60 (meshd checks it again)."""
+    from meshsched.wire.jobsignal import parse_job_signal
+
+    try:
+        return parse_job_signal(text).text
+    except ValueError as exc:
+        fail(f"--signal {text[:40]!r}: {exc}")
 
 
 def parse_mem(text: str) -> float:
@@ -208,7 +222,9 @@ def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size
            as_json: bool = False, array: str = "", dependency: str = "", time_limit: str = "", hold: bool = False,
            wait: bool = False, output: str = "", error: str = "", begin: str = "", plan: str = "",
            cpus: int | None = None, mem: str = "", tenant: str = "", reconnect: float = RECONNECT_SECONDS,
-           export: str = "ALL") -> None:
+           export: str = "ALL", signal: str = "") -> None:
+    """`mesh submit` with the options its command line gave over the script's #MESH directives (both parsers,
+    cli/fast.py and cli/app.py, merge them first: cli/directives.py)."""
     if gpus < 1:
         fail(f"--gpus must be at least 1, got {gpus}")
     if iters is not None and iters < 1:
@@ -232,8 +248,11 @@ def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size
     for key, value in (("array", array), ("dependency", dependency), ("output", output), ("error", error)):
         if value:  # job control (meshd checks them and says what is wrong in one line)
             body[key] = value
-    if time_limit:
-        body["time_limit"] = parse_time_limit(time_limit)
+    limit = parse_time_limit(time_limit, unlimited=True) if time_limit else 0.0
+    if limit:  # 0, 00:00 (Slurm's UNLIMITED): no limit, as without --time
+        body["time_limit"] = limit
+    if signal:  # [B:]SIG[@SECONDS]: SIG to the ranks SECONDS before the time limit
+        body["signal"] = parse_signal(signal)
     if hold:
         body["hold"] = True
     if begin:
@@ -246,6 +265,8 @@ def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size
             body[key] = value
     job = api_call("POST", "/v1/jobs", body)
     job_id = job.get("array_id") or job["job_id"]
+    for line in job.get("warnings") or ():  # meshd's (a batch outside the model's profiled range)
+        sys.stderr.write(f"mesh: warning: {line}\n")
     if as_json:
         print_json(job)
     elif "job_ids" in job:
@@ -259,8 +280,8 @@ def submit(script: str, args: list[str] | None = None, gpus: int = 1, batch_size
 
 
 def wait_for(job_id: str, reconnect: float = RECONNECT_SECONDS) -> int:
-    """Block until the job (every task of an array) ended; its exit code: 0 COMPLETED, a failed rank's code,
-    else 1 (FAILED without a code, CANCELLED, TIMEOUT); the highest over an array's tasks. Rides through a
+    """Block until the job (every task of an array) ended; its exit code: 0 COMPLETED, a failed rank's code
+    (128+N for a rank killed by signal N, as a shell says), else 1 (FAILED without a code, CANCELLED, TIMEOUT); the highest over an array's tasks. Rides through a
     restart of meshd (up to `reconnect` seconds away): the job runs on meanwhile, and the wait with it."""
     client = Riding(Client(timeout=90.0), reconnect, contacted=True)  # the submit just reached meshd
     while True:
@@ -271,59 +292,13 @@ def wait_for(job_id: str, reconnect: float = RECONNECT_SECONDS) -> int:
     for j in answer["jobs"]:
         if j["state"] == "COMPLETED":
             continue
-        own = j.get("exit_code")
+        own = j.get("exit_code")  # negative: the signal that killed a rank, which a shell reports as 128+N
+        if isinstance(own, int) and -128 < own < 0:
+            own = 128 - own
         code = max(code, own if j["state"] == "FAILED" and isinstance(own, int) and 0 < own < 256 else 1)
         why = f" ({j['reason']})" if j.get("reason") else ""
         sys.stderr.write(f"mesh: job {j['job_id']} ended {j['state']}{why}\n")
     return code
-
-
-def ls(all_jobs: bool = False, as_json: bool = False, job_ids: list[str] | None = None) -> None:
-    url = "/v1/jobs?all=1" if all_jobs or job_ids else "/v1/jobs?all=0"
-    if job_ids:  # those jobs (an array id: all of its tasks), ended or not
-        url += "&job=" + ",".join(job_ids)
-    if as_json:
-        print_json_bytes(api_bytes(url))
-    else:  # meshd renders the table (cached between state changes): nothing to decode or align here
-        sys.stdout.flush()
-        sys.stdout.buffer.write(api_bytes(url + "&format=table"))
-
-
-def show(job_id: str, as_json: bool = False) -> None:
-    if as_json:
-        print_json_bytes(api_bytes(f"/v1/jobs/{job_id}"))
-        return
-    job = api_call("GET", f"/v1/jobs/{job_id}")
-    launches = job.get("restarts", 0)  # the record counts launches; a restart is every launch after the first
-    shown = dict(job, done_iterations=int(job.get("done_iterations", 0)),
-                 checkpoint_iterations=int(job.get("checkpoint_iterations", 0)), restarts=max(0, launches - 1))
-    if not job.get("iterations_given", True):
-        shown["iterations"] = f"{job['iterations']} (no --iters: the total the script declares, else 100)"
-    lines = [f"{key:>22}: {shown.get(key)}" for key in (
-        "job_id", "name", "user", "state", "reason", "gpus", "node", "assigned", "model", "batch_size",
-        "iterations", "done_iterations", "checkpoint_iterations", "restarts", "cwd", "job_dir")]  # fmt: skip
-    lines.append(f"{'partners':>22}: {partners(job)}")
-    lines.append(f"{'micro-batch x accum':>22}: {batch(job)}")
-    lines.append(f"{'MPS %':>22}: {mps(job)}")
-    running = (exec_of(job) or {}).get("plan")
-    asked = {"plan": running or job.get("plan"),
-             "plan asked": job.get("plan") if running and running != job.get("plan") else "",
-             "cpus": job.get("cpus"), "memory (GB)": job.get("memory_gb"),
-             "tenant": job.get("tenant") if job.get("tenant", "default") != "default" else ""}
-    lines += [f"{key:>22}: {value}" for key, value in asked.items() if value]
-    lines += [f"{key:>22}: {value}" for key, value in confinement(job).items() if value]
-    lines.append(f"{'command':>22}: {' '.join(job['command'])}")
-    if job.get("export"):  # its environment: the submitter's (ALL), or a minimal one (NONE) and the names listed
-        lines.append(f"{'export':>22}: {job['export']}")
-    control = {"array": job.get("array_id") and f"{job['array_id']} task {job.get('array_task')}",
-               "dependency": ",".join(f"{k}:{j}" for k, j in job.get("dependency") or ()),
-               "time limit": job.get("time_limit") and fmt_time(job["time_limit"]),
-               "held": "yes" if job.get("held") else "", "output": job.get("output"), "error": job.get("error")}
-    lines += [f"{key:>22}: {value}" for key, value in control.items() if value]
-    lines.append(f"{'time':>22}: {fmt_time(job['elapsed'])}")
-    for at, state, reason in job.get("history", []):
-        lines.append(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}  {state:<10} {reason}")
-    _out(lines)
 
 
 def confinement(job: dict) -> dict[str, str]:
@@ -411,7 +386,13 @@ def cancel(job_ids: list[str] | None = None, state: str = "", name: str = "", us
 
 def _bulk_cancel(job_ids: list[str], state: str, name: str, user: str, me: bool, signal: str) -> None:
     body = {"job_ids": job_ids, "state": state, "name": name, "user": user, "mine": me, "signal": signal}
-    answer = api_call("POST", "/v1/jobs/cancel", body)
+    client = Client()
+    try:
+        answer = client.call("POST", "/v1/jobs/cancel", body)
+    except DaemonUnavailable as exc:
+        unreachable(client, exc)
+    except ApiError as exc:  # 400: a malformed filter (--state BOGUS, --signal NOPE) is a usage error
+        fail(str(exc), code=2 if exc.status == 400 else 1)
     if signal:
         for j in answer["jobs"]:
             sys.stdout.write(f"job {j['job_id']}: {j['signalled']} rank(s) got signal {answer['signal']}\n")
@@ -458,13 +439,27 @@ def nodes(as_json: bool = False) -> None:
     if as_json:
         print_json_bytes(api_bytes("/v1/nodes"))
         return
-    data = api_call("GET", "/v1/nodes")
+    data = api_call("GET", "/v1/nodes")  # each node's "drain": DRAINING / DRAINED, or null
     rows = [("NODE", "STATE", "GPUS", "FREE", "TYPE", "CPUS", "MEM(GB)", "BACKEND", "POLICY", "QUEUE")] + [
-        (n["name"] + (" (leader)" if n.get("leader") else ""), "up" if n["alive"] else "down", str(n["total_gpus"]),
+        (n["name"] + (" (leader)" if n.get("leader") else ""), _node_state(n), str(n["total_gpus"]),
          str(n["free_gpus"]), n["gpus"][0]["name"] if n["gpus"] else "-", str(n.get("cpus", "-")),
          f"{n['memory_gb']:g}" if "memory_gb" in n else "-", n["backend"], n["policy"], str(n["queue_length"]))
         for n in data
     ]  # fmt: skip
     notes = [f"{n['name']}: memory limits not enforced ({n['confinement'].get('why', 'no mechanism')})"
              for n in data if n.get("confinement", {}).get("memory") == "not enforced"]
+    notes += [_drain_note(n["drain"]) for n in data if n.get("drain")]
     _out(columns(rows) + notes)
+
+
+def _node_state(n: dict) -> str:
+    d = n.get("drain")
+    if not n["alive"] or d is None:
+        return "up" if n["alive"] else "down"
+    return d["state"] if d["whole"] else f"{d['state']}:{','.join(map(str, d['gpus']))}"
+
+
+def _drain_note(d: dict) -> str:
+    gpus = "" if d["whole"] else f" GPU(s) {','.join(map(str, d['gpus']))}"
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["since"]))
+    return f"{d['node']}{gpus} {d['state']}: {d['reason']} (by {d['by']}, since {since})"

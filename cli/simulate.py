@@ -9,10 +9,13 @@ from pathlib import Path
 import typer
 
 from meshsched.cli.output import fail, print_json
+from meshsched.cli.sim_events import events_effect, load_said, print_effect
 from meshsched.loaders.profiles import OVERHEAD_REGIMES, load_perf_model
 from meshsched.loaders.traces import BUILTIN_TRACES, TraceError, TraceOptions, load_trace
 from meshsched.perf import DEFAULT_GPU_TYPE, UnknownProfile
-from meshsched.policies.registry import POLICIES, UnknownPolicy, make_policy, needs_models, needs_plan_models
+from meshsched.policies.registry import (
+    POLICIES, UnknownPolicy, has_plan_layer, make_policy, needs_models, needs_plan_models, parse_policy,
+)
 
 # The simulator proper (numpy, matplotlib) and rich (progress bar, table) are imported inside the command, the
 # latter only when it draws: other `mesh` commands, and --json, do without them.
@@ -58,6 +61,12 @@ def simulate_cmd(
     mps_one_user: bool = typer.Option(False, "--mps-one-user", help="Sharing pairs only jobs of the same user (the "
                                       "trace's users), as on a cluster that shares GPUs through MPS among several "
                                       "users (meshd with use_mps and submit_users); default: any two jobs may pair."),
+    plan_jobs: float | None = typer.Option(None, "--plan-jobs", help="Share of the trace's jobs turned into jobs of the "
+                                           "execution-plan profiles, each with an asked plan (meshsched/sim/mixed_trace.py); "
+                                           "default 0.25 when a stack has a plan layer (castor+rubick), else 0."),
+    events_file: Path | None = typer.Option(None, "--events", help="Drains and resumes to replay (CSV or JSON lines: "
+                                            "time, node, action, gpus, reason; docs/trace-format.md); each policy "
+                                            "also runs without them, to count the jobs they delay."),
 ) -> None:
     """Replay a cluster trace through the scheduler engine under each policy and compare them."""
     from meshsched.sim.loop import ClusterSpec
@@ -67,10 +76,7 @@ def simulate_cmd(
         fail(f"the cluster needs at least one node with at least one GPU (got --nodes {nodes} --gpus-per-node {gpus_per_node})")
     names, rules, sharing = _policies(policy, rules_name)
     planned = _plan_allocators(names, window, load, cluster_text)
-    try:
-        perf = _plan_perf(gpu_type) if planned else load_perf_model(overheads)
-    except UnknownProfile as e:
-        fail(str(e))
+    perf = _perf_model(planned, share := _plan_share(names, planned, plan_jobs), gpu_type, overheads)
     if planned:
         gpu_type = perf.gpu_types[0]
     stacks = _stacks(names, rules, perf, sharing, seed, mps_one_user)
@@ -87,13 +93,13 @@ def simulate_cmd(
         fail(str(e))
     if cluster is None:
         cluster = ClusterSpec(nodes, gpus_per_node, gpu_type, perf.gpu_memory_mb(gpu_type))
-    warnings = _size_warnings(tr, cluster, json_out)
-    if out is not None:  # fail before a long replay, not after it
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            fail(f"cannot create --out {out}: {e.strerror}")
-    results, summaries = _replay(names, stacks, tr, perf, cluster, rules, json_out, warnings)
+    tr = _mixed(tr, perf, share, gpu_type, gpus_per_node, cluster.total_gpus, seed)
+    warnings = _size_warnings(tr, cluster, json_out, perf)
+    said = load_said(events_file, tr, cluster)  # --events: drains and resumes (meshsched.cli.sim_events)
+    _make_out(out)  # fail before a long replay, not after it
+    results, summaries = _replay(names, stacks, tr, perf, cluster, rules, json_out, warnings, said)
+    effect = events_effect(said, names, _stacks(names, rules, perf, sharing, seed, mps_one_user) if said else {},
+                            tr, perf, cluster, rules, results)
     _write_files(out, plot, results, summaries, json_out)
     if json_out:
         print_json(
@@ -102,11 +108,20 @@ def simulate_cmd(
                 "cluster": [{"nodes": g.nodes, "gpus_per_node": g.gpus_per_node, "gpu_type": g.gpu_type}
                             for g in cluster.groups],
                 "overheads": overheads, "rules": rules_name.strip(), "warnings": warnings, "out": str(out) if out is not None else None,
-                "policies": [dict(summary_dict(s), sim_seconds=round(w, 2)) for s, w in summaries],
-            }
+                "policies": [dict(summary_dict(s), sim_seconds=round(w, 2), **effect.get(s.policy, {})) for s, w in summaries],
+            } | ({"events": {"file": str(events_file), "count": len(said)}} if said else {})
         )  # fmt: skip
     else:
         _print_table(tr.name, len(tr.jobs), cluster, summaries, wide)
+        print_effect(events_file, said, effect, summaries)
+
+
+def _make_out(out: Path | None) -> None:
+    if out is not None:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            fail(f"cannot create --out {out}: {e.strerror}")
 
 
 def _policies(policy: str, rules_name: str) -> tuple[list[str], object, bool]:
@@ -118,7 +133,9 @@ def _policies(policy: str, rules_name: str) -> tuple[list[str], object, bool]:
         fail("--policy is empty")
     try:
         rules = rules_named(rules_name)
-        sharing = any(needs_models(spec) for spec in names)  # parses every stack: a bad one fails here
+        for spec in names:  # every stack, so that a bad one anywhere in the list fails here, in one line
+            parse_policy(spec)
+        sharing = any(needs_models(spec) for spec in names)
     except (UnknownPolicy, ValueError) as e:
         fail(str(e))
     return names, rules, sharing
@@ -135,6 +152,43 @@ def _plan_allocators(names: list[str], window: str | None, load: float, cluster_
             fail("--window, --load and --cluster do not apply to plan allocators (their workload is the trace's "
                  "busiest 12 hours, docs/results/rubick.md)")
     return planned
+
+
+def _plan_share(names: list[str], planned: list[str], plan_jobs: float | None) -> float:
+    """The share of the trace's jobs that become plan-profile jobs (--plan-jobs; default: 0.25 with a plan layer)."""
+    share = plan_jobs if plan_jobs is not None else 0.25 if any(has_plan_layer(n) for n in names) else 0.0
+    if not 0.0 <= share <= 1.0:
+        fail(f"--plan-jobs is a share of the jobs, in [0, 1]; got {share:g}")
+    if share and planned:
+        fail(f"--plan-jobs mixes plan-profile jobs into a trace; {', '.join(planned)} replay their own plan workload")
+    return share
+
+
+def _perf_model(planned: list[str], share: float, gpu_type: str, overheads: str):
+    """The replay's performance model: the plan model for plan allocators, the profiles' otherwise, both (a
+    MixedPerfModel) when plan-profile jobs are mixed into the trace."""
+    from meshsched.perf.mixed import MixedPerfModel
+
+    try:
+        if planned:
+            return _plan_perf(gpu_type)
+        perf = load_perf_model(overheads)
+        return MixedPerfModel(perf, _plan_perf(DEFAULT_GPU_TYPE)) if share else perf
+    except UnknownProfile as e:
+        fail(str(e))
+
+
+def _mixed(tr, perf, share: float, gpu_type: str, gpus_per_node: int, total_gpus: int, seed: int):
+    """The trace with `share` of its jobs of the plan profiles (meshsched.sim.mixed_trace); as it is for 0."""
+    if not share:
+        return tr
+    from dataclasses import replace
+
+    from meshsched.sim.mixed_trace import with_plan_jobs
+
+    jobs = with_plan_jobs(tr.jobs, perf, share, gpu_type, gpus_per_node, min(total_gpus, 64), seed)
+    n = sum(1 for a, b in zip(tr.jobs, jobs) if a is not b)
+    return replace(tr, name=f"{tr.name}, {n} of them plan-profile jobs", jobs=tuple(jobs))
 
 
 def _stacks(names: list[str], rules, perf, sharing: bool, seed: int, mps_one_user: bool) -> dict:
@@ -169,14 +223,18 @@ def _mixed_cluster(cluster_text: str | None, gpus_per_node: int, perf):
     return cluster
 
 
-def _size_warnings(tr, cluster, json_out: bool) -> list[str]:
-    """A warning for the jobs larger than the cluster (echoed unless --json); nothing to simulate if all are."""
+def _size_warnings(tr, cluster, json_out: bool, perf) -> list[str]:
+    """A warning for the jobs larger than the cluster and one per model whose per-GPU batches lie outside its
+    profile's measured range (echoed unless --json); nothing to simulate if every job is too large."""
+    from meshsched.perf.batch_range import batch_warnings
+
     too_big = sum(1 for j in tr.jobs if j.gpus > cluster.total_gpus)
     if tr.jobs and too_big == len(tr.jobs):
         fail(f"every one of the {too_big} jobs needs more than the cluster's {cluster.total_gpus} GPUs: nothing "
              "to simulate (give more --nodes or --gpus-per-node)")
     warnings = [f"{too_big} job(s) need more than the cluster's {cluster.total_gpus} GPUs: reported as "
                 "unschedulable"] if too_big else []  # fmt: skip
+    warnings += batch_warnings(perf, tr.jobs, cluster.gpu_type)
     if not json_out:
         for w in warnings:
             typer.echo(f"mesh: warning: {w}", err=True)
@@ -184,7 +242,7 @@ def _size_warnings(tr, cluster, json_out: bool) -> list[str]:
 
 
 def _replay(names: list[str], stacks: dict, tr, perf, cluster, rules, json_out: bool,
-            warnings: list[str]) -> tuple[dict, list[tuple[object, float]]]:
+            warnings: list[str], events=()) -> tuple[dict, list[tuple[object, float]]]:
     """Each stack's replay and (summary, wall seconds); jobs refused at submit are appended to `warnings`."""
     from meshsched.sim.loop import simulate
     from meshsched.sim.metrics import summarise
@@ -198,7 +256,7 @@ def _replay(names: list[str], stacks: dict, tr, perf, cluster, rules, json_out: 
             try:
                 r = simulate(
                     tr.jobs, stacks[name], perf, cluster,
-                    progress=lambda n, task=task: bar.update(task, completed=n), rules=rules,
+                    progress=lambda n, task=task: bar.update(task, completed=n), rules=rules, events=events,
                 )  # fmt: skip
             except RuntimeError as e:
                 fail(f"{name}: {e}")

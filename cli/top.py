@@ -37,11 +37,12 @@ def top_rows(node: dict, jobs: list[dict]) -> list[tuple[str, ...]]:
     """`mesh top`'s job rows: JOBID NAME STATE GPUS PARTNER BATCH MPS% GPU% STEP STEPS/S TIME."""
     gpus = {g["index"]: g for g in node["gpus"]} if node.get("backend") != "fake" else {}
     rows = [HEADER]
-    for j in jobs:
-        rate = f"{1 / j['step_time']:.2f}" if j["state"] == "RUNNING" and j["step_time"] > 0 else "-"
+    for j in jobs:  # STEP and STEPS/S as the job reported them; '-' for a job that reports none (not an estimate)
+        step, done = j.get("step_time"), j.get("done_iterations")
+        rate = f"{1 / step:.2f}" if j["state"] == "RUNNING" and step else "-"
         rows.append((j["job_id"], j["name"], j["state"], ",".join(map(str, j["gpu_names"])) or "-",
                      partners(j), batch(j), mps(j), gpu_share(j, gpus),
-                     f"{int(j['done_iterations'])}/{j['iterations']}", rate, fmt_time(j["elapsed"])))
+                     "-" if done is None else f"{int(done)}/{j['iterations']}", rate, fmt_time(j["elapsed"])))
     return rows
 
 
@@ -79,6 +80,10 @@ def frame_lines(nodes: list[dict], jobs: list[dict], width: int | None) -> list[
     fake = node["backend"] == "fake"
     lines = [(f"{node['name']}  {node['backend']}  policy {node['policy']}  queue {node['queue_length']}  "
               f"free {node['free_gpus']}/{node['total_gpus']}")]
+    drain = node.get("drain")  # `mesh drain`: DRAINING while its jobs finish, then DRAINED
+    if drain:
+        gpus = "" if drain["whole"] else f" GPU(s) {','.join(map(str, drain['gpus']))}"
+        lines[0] += f"  {drain['state']}{gpus}: {drain['reason']}"
     for g in node["gpus"]:
         util = "  - %" if fake or g["utilization"] < 0 else f"{g['utilization']:>3d} %"
         lines.append(f"[{g['index']}] {g['name']:<12} {util} | {g['memory_used_mb']:>6} / "

@@ -1,9 +1,12 @@
 """meshd's HTTP API (aiohttp) on a Unix socket for `mesh`, optionally on TCP with a bearer token.
 
-Routes: GET /v1/health, GET/POST /v1/jobs (?all=0|1; ?format=table: `mesh ls`'s table, text; ?job=ID[,ID]: those
-jobs or arrays only), GET /v1/jobs/{id}, POST /v1/jobs/{id}/cancel|hold|release|requeue (an array id: every
+Routes: GET /v1/health, GET/POST /v1/jobs (?all=0|1; ?format=table: `mesh ls`'s table, text, ?fields=id,user,..
+and ?unfold=1; ?job=ID[,ID]: those jobs or arrays only, 404 when none exists, X-Unknown-Jobs naming those that do
+not; ?state= ?user= ?mine=1 ?name=: daemon/jobformat.py), GET /v1/jobs/{id}, POST /v1/jobs/{id}/cancel|hold|release|requeue (an array id: every
 task), POST /v1/jobs/cancel (many jobs by ids and filters, or --signal them), GET /v1/jobs/{id}/wait?timeout=S (until the job or every task of the array ended; long poll),
-GET /v1/jobs/{id}/logs?rank=N&offset=B, GET /v1/jobs/{id}/explain, GET /v1/nodes, GET /metrics.
+GET /v1/jobs/{id}/logs?rank=N&offset=B, GET /v1/jobs/{id}/explain, GET /v1/nodes, GET /metrics,
+GET /v1/acct?since&until&user&state&summary=1 (ended jobs' accounting rows; a non-operator's own only),
+GET /v1/drains, POST /v1/drain|resume {"node", "gpus", "reason"} (operators only; meshsched/drain.py).
 POST /v1/jobs takes job control's fields besides SubmitRequest's (daemon/control.py): one request submits
 a whole array (daemon/submission.py).
 Errors are JSON {"error": "..."} with a 4xx status; a full disk is 507 and any other failure to write
@@ -27,7 +30,7 @@ from aiohttp import web
 
 from meshsched.daemon.control import ControlRequest
 from meshsched.daemon.journal import TERMINAL
-from meshsched.daemon import users
+from meshsched.daemon import jobformat, users
 from meshsched.daemon.metrics import render_metrics
 from meshsched.daemon.privacy import owner_reason
 from meshsched.wire.protocol import SubmitRequest
@@ -65,17 +68,27 @@ async def health(request: web.Request) -> web.Response:
 
 async def list_jobs(request: web.Request) -> web.Response:
     d = request.app[DAEMON_KEY]
-    recs = d.records.values()
-    if request.query.get("all", "1") == "0":
-        recs = [r for r in recs if r.state not in TERMINAL]
-    if request.query.get("job"):  # some jobs (an array id: its tasks)
-        wanted = {r.job_id for j in request.query["job"].split(",") for r in d.control.targets(j)}
+    who, q, headers = users.peer(request), request.query, {}
+    try:  # ?state= ?user= ?mine=1 ?name= ?fields=id,user,... (daemon/jobformat.py)
+        recs = jobformat.select(d.records.values(), q, who.name)
+        names = jobformat.parse_format(q["fields"]) if q.get("fields") else jobformat.DEFAULT
+    except ValueError as exc:
+        return _error(400, str(exc))
+    if q.get("job"):  # some jobs (an array id: its tasks); an id that names none is an error (squeue's)
+        asked = [j for j in q["job"].split(",") if j]
+        found = {j: d.control.targets(j) for j in asked}
+        unknown = [j[:64] for j in asked if not found[j]]
+        if unknown and len(unknown) == len(asked):
+            return _error(404, f"invalid job id {', '.join(unknown)}")
+        if unknown:
+            headers["X-Unknown-Jobs"] = ",".join(unknown).encode("ascii", "replace").decode()
+        wanted = {r.job_id for tasks in found.values() for r in tasks}
         recs = [r for r in recs if r.job_id in wanted]
-    who = users.peer(request)
-    if request.query.get("format") == "table":  # `mesh ls`: the squeue columns
-        return web.Response(body=d.listings.table(list(recs), who.uid, who.operator), content_type="text/plain",
-                            charset="utf-8")
-    return web.Response(body=d.listings.views(list(recs), who.uid, who.operator), content_type="application/json")
+    if q.get("format") == "table":  # `mesh ls`: the squeue columns
+        return web.Response(body=d.listings.table(recs, who.uid, who.operator, names, q.get("unfold") == "1"),
+                            content_type="text/plain", charset="utf-8", headers=headers)
+    return web.Response(body=d.listings.views(recs, who.uid, who.operator), content_type="application/json",
+                        headers=headers)
 
 
 async def submit(request: web.Request) -> web.Response:
@@ -87,10 +100,11 @@ async def submit(request: web.Request) -> web.Response:
         recs = d.submission.submit(req, ctl, who.name, None if who.operator else who.uid)
     except ValueError as exc:  # RequestError, SubmitError, bad JSON, JobSpec validation
         return _error(400, str(exc))
+    warnings = {"warnings": said} if (said := d.submission.batch_warnings(req)) else {}  # speed extrapolated
     if not ctl.tasks:
-        return web.json_response(d.listings.view_for(recs[0], who.uid, who.operator), status=201)
+        return web.json_response(d.listings.view_for(recs[0], who.uid, who.operator) | warnings, status=201)
     return web.json_response({"array_id": recs[0].array_id, "job_ids": [r.job_id for r in recs], "tasks": len(recs),
-                              "array_limit": ctl.array_limit}, status=201)
+                              "array_limit": ctl.array_limit} | warnings, status=201)
 
 
 async def show(request: web.Request) -> web.Response:
@@ -244,6 +258,66 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=render_metrics(request.app[DAEMON_KEY]), content_type="text/plain")
 
 
+# ---------------------------------------------------------------- drain and resume (operators only)
+
+async def drains(request: web.Request) -> web.Response:
+    """What is drained, per node: its GPUs, DRAINING (jobs still run there) or DRAINED, reason, by, since."""
+    return web.json_response(request.app[DAEMON_KEY].engine.drains.all_status())
+
+
+async def drain_change(request: web.Request) -> web.Response:
+    """POST /v1/drain or /v1/resume {"node", "gpus": [local indices] (none: all), "reason"}: an engine event,
+    journaled (one server) or carried in the mesh's log."""
+    import time
+
+    from meshsched import events as ev
+
+    d, who = request.app[DAEMON_KEY], users.peer(request)
+    on = request.match_info["action"] == "drain"
+    if not who.operator:
+        return _error(403, f"user {who.name} may not {request.match_info['action']} nodes: only an operator "
+                           f"(root or meshd's own user) may")
+    try:
+        body = await request.json()
+        name, gpus, reason = str(body["node"]), tuple(int(g) for g in body.get("gpus") or ()), str(body.get("reason", ""))
+    except (ValueError, KeyError, TypeError):
+        return _error(400, 'the body must be {"node": NAME, "gpus": [INDEX, ...], "reason": TEXT}')
+    node = d.engine.state.nodes.get(name)
+    if node is None:
+        return _error(404, f"unknown node {name[:64]} (known: {', '.join(sorted(d.engine.state.nodes)) or 'none'})")
+    bad = [g for g in gpus if not 0 <= g < node.size]
+    if bad:
+        return _error(400, f"node {name} has GPUs 0-{node.size - 1}; no GPU {bad[0]}")
+    if on and not reason.strip():
+        return _error(400, "say why with --reason TEXT (it is shown in `mesh nodes`)")
+    event = ev.DrainChanged(d.loop.sid("drain"), name, gpus, on, reason[:200], who.name, time.time())
+    d.loop.input(event)
+    LOG.info("%s %s%s by %s: %s", "drain" if on else "resume", name, f":{list(gpus)}" if gpus else "", who.name, reason)
+    return web.json_response({"node": name, "gpus": list(gpus), "drain": on, "applied": d.mesh is None,
+                              "status": d.engine.drains.status(name)})
+
+
+# ---------------------------------------------------------------- accounting (daemon/accounting.py)
+
+async def acct(request: web.Request) -> web.Response:
+    """GET /v1/acct?since=T&until=T&user=A,B&state=S,..&summary=1: accounting rows of ended jobs (by end time), or
+    GPU-hours per user and tenant; a user who is not an operator gets their own rows only."""
+    from meshsched.daemon.accounting import summary
+
+    d, q, who = request.app[DAEMON_KEY], request.query, users.peer(request)
+    try:
+        since, until = (float(q[k]) if q.get(k) else None for k in ("since", "until"))
+    except ValueError:
+        return _error(400, "since and until are UNIX times")
+    rows = d.accounting.rows(since, until, [u for u in q.get("user", "").split(",") if u],
+                             [s for s in q.get("state", "").split(",") if s], None if who.operator else (who.uid, who.name))
+    if q.get("summary") == "1":
+        return web.json_response(dict(summary(rows), since=since, until=until))
+    for row in rows:
+        row.pop("uid", None)
+    return web.json_response(rows)
+
+
 def _token_guard(token: str):
     @web.middleware
     async def guard(request: web.Request, handler):
@@ -312,7 +386,10 @@ def make_app(daemon) -> web.Application:
     app.router.add_get("/v1/jobs/{job_id}/logs", logs)
     app.router.add_get("/v1/jobs/{job_id}/explain", explain)
     app.router.add_get("/v1/nodes", nodes)
+    app.router.add_get("/v1/drains", drains)
+    app.router.add_post("/v1/{action:drain|resume}", drain_change)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/acct", acct)
     return app
 
 

@@ -35,6 +35,10 @@ Defaults (documented in docs/daemon.md):
   cgroup_root    unset: job cgroups go under meshd's own cgroup (mesh-jobs-<tag>/); a cgroup directory to use instead
   submit_users   "" (only meshd's user); "ann,bob,@gpu" or "*": those users, members of group gpu (every
                  local user) may submit, each job running as its submitter (meshd as root; daemon/users.py)
+  keep_finished  86400 s (24 h): ended jobs leave `mesh ls --all`, the journal and the engine this long after they
+                 ended (accounting keeps them: `mesh acct`); 0: kept forever (Slurm's MinJobAge = 0). daemon/retention.py
+  keep_job_dirs  604800 s (7 days): an ended job's directory (its logs, result) is removed this long after it ended;
+                 0: kept forever
   job_env_passthrough
                  "" : nothing of meshd's own environment reaches a job (a job's environment is what its submitter
                  exported, `mesh submit --export`); "HTTP_PROXY,NO_PROXY": those variables of meshd's do, under
@@ -179,6 +183,8 @@ class DaemonConfig:
     cgroup_root: Path | None = None  # where job cgroups are made (default: under meshd's own cgroup)
     submit_users: str = ""  # other local users who may submit ("a,b" or "*": every one); meshd must be root
     job_env_passthrough: str = ""  # variables of meshd's environment every job gets ("A,B"; "": none)
+    keep_finished: float = 86400.0  # seconds an ended job stays in the journal and listings (0: forever)
+    keep_job_dirs: float = 604800.0  # seconds an ended job's directory stays (0: forever)
 
     @property
     def mps_one_user(self) -> bool:
@@ -247,7 +253,7 @@ class DaemonConfig:
         if not (math.isfinite(self.log_max_mb) and self.log_max_mb > 0):
             raise ConfigError(f"log_max_mb must be a finite number > 0, got {self.log_max_mb!r}")
         for key in ("kill_grace", "preempt_grace", "self_preempt_backoff", "node_grace", "node_cpus", "reserved_cpus",
-                    "node_memory_gb", "reserved_memory_gb"):
+                    "node_memory_gb", "reserved_memory_gb", "keep_finished", "keep_job_dirs"):
             value = getattr(self, key)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{key} must be a finite number >= 0, got {value!r}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 from meshsched import events as ev
@@ -29,7 +30,7 @@ from meshsched.wire.protocol import RequestError
 
 MAX_ARRAY_TASKS = 10_000  # tasks in one array (Slurm's MaxArraySize is 1001 by default)
 MAX_PATTERN = 4096
-CONTROL_FIELDS = ("array", "dependency", "time_limit", "hold", "output", "error", "begin")
+CONTROL_FIELDS = ("array", "dependency", "time_limit", "hold", "output", "error", "begin", "signal")
 PATTERN_HELP = "%j job id, %A array id, %a task id, %u user, %x job name, %% a percent sign"
 
 
@@ -45,6 +46,7 @@ class ControlRequest:
     output: str = ""  # file patterns; "" keeps only the per-rank logs in the job directory
     error: str = ""
     begin: float | None = None  # UNIX time before which it is not queued
+    signal: str = ""  # --signal [B:]SIG[@SECONDS], canonical (B:SIGUSR1@60); "": none
 
     @classmethod
     def split(cls, data: Any) -> tuple[ControlRequest, Any]:
@@ -67,10 +69,45 @@ class ControlRequest:
                                   or not math.isfinite(begin)):
             raise RequestError(f"begin must be a finite UNIX time in seconds, got {begin!r}")
         return cls(tasks, limit, deps, None if limit_s is None else float(limit_s), hold, output, error,
-                   None if begin is None else float(begin)), rest
+                   None if begin is None else float(begin), _job_signal(data.get("signal"))), rest
 
 
 PLAIN = ControlRequest()
+
+
+def _job_signal(value: Any) -> str:
+    """The canonical --signal of a request's `signal` ("" for none); RequestError for a bad one."""
+    if value is None or value == "":
+        return ""
+    from meshsched.wire.jobsignal import parse_job_signal
+
+    try:
+        return parse_job_signal(value).text
+    except ValueError as exc:
+        raise RequestError(f"signal: {exc}") from None
+
+
+@cache
+def known_models() -> tuple[str, ...]:
+    """The models `--model` may name: custom (no profile: the scheduler's fallback estimate), every profiled one
+    (the simulator's: meshsched/profiles' iteration fits) and every execution-plan profile (plans_<gpu>.json)."""
+    from importlib.resources import files
+
+    from meshsched.loaders.profiles import load_perf_model, load_plan_catalog
+
+    perf = load_perf_model()
+    names = {"custom"} | {m for t in perf.gpu_types for m in perf.models(t)}
+    for entry in files("meshsched.profiles").iterdir():
+        if entry.name.startswith("plans_") and entry.name.endswith(".json"):
+            names |= set(load_plan_catalog(entry.name[len("plans_"):-len(".json")]).profiles)
+    return tuple(sorted(names))
+
+
+def check_model(model: str) -> None:
+    """RequestError (answered 400, nothing queued) for a model no profile knows, as the simulator refuses it."""
+    if model not in known_models():
+        raise RequestError(f"--model {model[:64]!r}: not a known model; give custom (the default) or one of "
+                           f"{', '.join(m for m in known_models() if m != 'custom')}")
 
 
 def _str(data: dict, key: str) -> str:
@@ -125,6 +162,11 @@ def parse_dependency(text: str) -> tuple[tuple[DependencyKind, str], ...]:
             kinds = ", ".join(k.value for k in DependencyKind)
             raise RequestError(f"--dependency {text!r}: {kind_text!r} is not one of {kinds} (as in afterok:12)") from None
         job_ids = [i for i in ids.split(":") if i]
+        if kind is DependencyKind.SINGLETON:  # Slurm's: the user's other jobs of this name, no ids
+            if job_ids:
+                raise RequestError(f"--dependency {text!r}: singleton takes no job ids")
+            out.append((kind, ""))
+            continue
         if not job_ids:
             raise RequestError(f"--dependency {text!r}: {kind_text} needs job ids, as in {kind_text}:12")
         out += [(kind, i) for i in job_ids]
@@ -185,6 +227,9 @@ class JobControl:
         engine_jobs = self.ctx.engine.state.jobs
         out = []
         for kind, job_id in deps:
+            if kind is DependencyKind.SINGLETON:
+                out.append([kind.value, ""])
+                continue
             recs = self.targets(job_id)
             if not recs:
                 raise RequestError(f"--dependency {kind.value}:{job_id}: no job or array {job_id[:64]}")
@@ -201,7 +246,8 @@ class JobControl:
                            not r.held, "only a queued job that is not held already can be held")
 
     def release(self, job_id: str) -> list[str]:
-        return self._apply(job_id, "release", ev.ReleaseRequested, lambda r: r.held, "it is not held")
+        return self._apply(job_id, "release", ev.ReleaseRequested, lambda r: r.held and r.state not in TERMINAL,
+                           "only a held job that has not ended can be released")
 
     def requeue(self, job_id: str) -> list[str]:
         return self._apply(job_id, "requeue", ev.RequeueRequested,
@@ -246,6 +292,8 @@ class JobControl:
             user = who.name
         if not (ids or states or name or user):
             raise RequestError("name jobs: ids, or a filter (--state, --name, --user, --me)")
+        if user and user != who.name and not who.operator:  # said, not answered with "no job matched"
+            raise LookupError(f"--user {user[:64]}: their jobs are not yours to cancel (only an operator may)")
         if ids:
             recs = []
             for job_id in ids:

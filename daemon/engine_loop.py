@@ -41,6 +41,9 @@ class EngineLoop:
         self.mesh = mesh  # a MeshLink: inputs are proposed to its leader, the engine follows its log
         self.after: Callable[[list[str]], None] = lambda job_ids: None  # (mesh) the replica stops released ranks
         self.ended: Callable[[JobRecord, Job, str], None] = lambda rec, job, old: None  # job control's waiters
+        # accounting and retention (daemon/accounting.py, daemon/retention.py): a job's end, jobs forgotten
+        self.accounted: Callable[[JobRecord], None] = lambda rec: None
+        self.forgot: Callable[[tuple[str, ...]], None] = lambda job_ids: None
         self._events: deque[ev.Event] = deque()
         self._dispatching = False
         self._stimulus = itertools.count(1)
@@ -88,6 +91,8 @@ class EngineLoop:
             touched = ([jid] if jid else []) + self.engine.take_changed()  # the event's job, what the engine changed
             if self.engine.memory is not memory:  # the preemption layer remembered something: durable with it
                 self._journal_memory()
+            if type(event) is ev.DrainChanged and self.mesh is None:  # (a mesh replays its log)
+                self.journal.put_drains([r.to_dict() for r in self.engine.drains.records.values()])
             for action in actions:
                 if act:
                     dispatch("meshd", self.handlers, action)
@@ -95,6 +100,8 @@ class EngineLoop:
                     self.handlers[ScheduleTimer](action)
             for job_id in dict.fromkeys(touched):
                 self._sync(job_id, now)
+            if type(event) is ev.JobsForgotten:  # retention: meshd forgets what the engine did
+                self.forgot(event.job_ids)
             if index is not None:
                 self.journal.set_applied(index)
         self.disk.check()
@@ -117,6 +124,8 @@ class EngineLoop:
             self.journal.transition(job_id, now, rec.state, rec.reason)
             why = f" ({rec.reason})" if rec.reason else ""
             LOG.info("job %s (%s): %s -> %s%s", job_id, rec.name, old, rec.state, why)
+            if job.state.is_terminal:  # its accounting row, in this transaction
+                self.accounted(rec)
         self.journal.put(rec)
 
     def _journal_memory(self) -> None:

@@ -22,6 +22,9 @@ LOGGED = {cls.__name__: cls for cls in (
     ev.JobSubmitted, ev.JobStarted, ev.IterationReport, ev.JobPaused, ev.JobFinished, ev.JobFailed,
     ev.CancelRequested, ev.NodeJoined, ev.NodeLost, ev.Tick, ev.CheckpointSaved, ev.ReconfigureApplied,
     ev.RankReport, ev.TotalDeclared, ev.HoldRequested, ev.ReleaseRequested, ev.RequeueRequested,
+    ev.GpuFault,  # a shared GPU's fault domain went down (daemon/faultwatch.py)
+    ev.JobsForgotten,
+    ev.DrainChanged,  # mesh drain / resume: a drain said on any node is in the log
 )}
 
 
@@ -115,3 +118,67 @@ class Entry:
                        str(d.get("p", "")))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise LogError(f"unreadable log entry: {exc}") from None
+
+
+# ---------------------------------------------------------------- snapshots (meshsched.snapshot beside the log)
+
+SNAPSHOTS = "snapshots/"
+
+
+def snapshot_key(index: int) -> str:
+    return f"{SNAPSHOTS}{index:012d}"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The mesh's state after log entry `index`: the engine's (`meshsched.snapshot.encode`) and what meshd keeps
+    beside it: the job records the log's submits carried, the newest proposal applied per node (a failover's
+    second copies are skipped) and where each node's ranks are reached."""
+
+    index: int
+    engine: dict
+    records: dict  # job -> the record payload its JobSubmitted entry carried (`mesh_node.record_payload`)
+    last_seq: dict  # node -> newest proposal sequence applied
+    addresses: dict  # node -> address
+
+    def to_json(self) -> str:
+        return json.dumps({"i": self.index, "engine": self.engine, "rec": self.records, "seq": self.last_seq,
+                           "addr": self.addresses}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Snapshot:
+        try:
+            d = json.loads(text)
+            snap = cls(int(d["i"]), d["engine"], d["rec"], d["seq"], d["addr"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LogError(f"unreadable snapshot: {type(exc).__name__}: {exc}") from None
+        if not all(isinstance(v, dict) for v in (snap.engine, snap.records, snap.last_seq, snap.addresses)):
+            raise LogError("unreadable snapshot: a part of it is not a mapping")
+        return snap
+
+
+def load_newest(items: dict[str, str], load: typing.Callable[[Snapshot], object],
+                refuse: typing.Callable[[str], None]) -> tuple[Snapshot, object] | None:
+    """The newest snapshot of `items` (key -> text) that `load` accepts, with what `load` returned; each one that
+    does not decode (LogError, or a ValueError such as meshsched.snapshot.SnapshotError from `load`) is refused
+    in one line through `refuse` and the next older one is tried. None: none loads (replay the whole log)."""
+    for key in sorted(items, key=index_of, reverse=True):
+        try:
+            snap = Snapshot.from_json(items[key])
+            if snap.index != index_of(key):
+                raise LogError(f"it says index {snap.index}")
+            return snap, load(snap)
+        except ValueError as exc:
+            refuse(f"snapshot {index_of(key)} refused: {exc}; trying an older one")
+    return None
+
+
+def compactable(log_keys: typing.Iterable[str], snapshot_keys: typing.Iterable[str]) -> tuple[list[str], list[str]]:
+    """What compaction may delete once the newest snapshot is written: log entries at or below the previous
+    snapshot's index (a node that cannot read the newest falls back to the previous one and replays from it),
+    and every snapshot older than the previous one."""
+    snaps = sorted(snapshot_keys, key=index_of)
+    if len(snaps) < 2:
+        return [], []
+    keep_from = index_of(snaps[-2])
+    return [k for k in log_keys if index_of(k) <= keep_from], snaps[:-2]

@@ -121,6 +121,28 @@ def _by_pid_files(jobs_dir: Path, known: Callable[[str], bool], entry: Callable[
             pid_file.unlink(missing_ok=True)
 
 
+def supervisor_of(job_id: str, job_dir: Path) -> tuple[int, str]:
+    """(pid, start time) of the job's supervisor: as `supervisor.pid` names it or, where that file is missing (a
+    full disk refused it right after the spawn), the live supervisor of `job_dir` found in /proc -- its command
+    line, its job marker, its own session -- so that a run whose launch only a killed meshd's memory held is
+    adopted, never taken for a forgotten job and killed while it hands its result over. (0, "") when none."""
+    try:
+        pid_text, _, start = (job_dir / "supervisor.pid").read_text().strip().partition(" ")
+        return int(pid_text), start
+    except (OSError, ValueError):
+        pass
+    try:
+        pids = [int(d.name) for d in os.scandir("/proc") if d.name.isdigit()]
+    except OSError:
+        return 0, ""
+    for pid in pids:
+        if _is_supervisor(pid, job_id, str(job_dir)) and session_of(pid) == pid:
+            start = proc_start_time(pid)
+            if start is not None:
+                return pid, start
+    return 0, ""
+
+
 def _is_supervisor(pid: int, job_id: str, job_dir: str) -> bool:
     """`pid` is the supervisor of `job_id` in `job_dir`: its command line names both, its environment the job."""
     try:

@@ -12,16 +12,24 @@ that it reads nudges ("nudge": 1, as meshsched.job does): an unsolicited frame {
 "nudge": True}, upon which the client sends at once and gets the directives with the reply. A nudge
 carries nothing, so a lost one loses nothing.
 A job's supervisor says how the job ended in a `result` frame (as well as in result.json, which a full disk may
-refuse); it is taken from the session's leader only, and acknowledged once meshd holds it.
+refuse); it is taken from the session's leader only. Its `ok` says whether the end is durable (`keep_result`):
+meshd writes the result.json the supervisor could not (root's quota and reserved blocks are not the user's);
+while the disk refuses that too, `durable: false`, and the supervisor offers it again and stays, so that a meshd
+SIGKILLed meanwhile adopts it on restart and is told again, never running the job a second time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import json
 import os
 import socket
+import stat
 import struct
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from pathlib import Path
 
 from meshsched.wire.protocol import (
     HEADER,
@@ -99,6 +107,7 @@ async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamW
                    rank0: dict[str, asyncio.StreamWriter]) -> None:
     rank: int | None = None  # said in `hello` by meshsched.job; directives go to rank 0's connection
     while True:
+        durable: bool | None = None  # a result frame's: the end is durable (result.json exists)
         first = await asyncio.wait_for(reader.readexactly(1), IDLE_TIMEOUT)
         try:
             header = first + await asyncio.wait_for(reader.readexactly(HEADER.size - 1), FRAME_TIMEOUT)
@@ -136,9 +145,13 @@ async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamW
                 await _reply(writer, {"type": "error", "error": "only the job's supervisor says how it ended"})
                 return
             daemon.launcher.told(job_id, msg["status"], msg.get("reason") or "", msg.get("exit_code"))
+            rec = daemon.records.get(job_id)
+            durable = rec is not None and keep_result(Path(rec.job_dir), msg)
         seq = msg.get("seq")  # echoed only when it is a small int or string
         seq = seq if isinstance(seq, (int, str)) and not isinstance(seq, bool) and len(str(seq)) < 64 else None
         reply = {"type": "ok", "job_id": job_id, "seq": seq}
+        if durable is not None:
+            reply["durable"] = durable
         if rank == 0 and daemon.directives.get(job_id):
             reply["directives"] = daemon.take_directives(job_id)
         await asyncio.wait_for(_reply(writer, reply), FRAME_TIMEOUT)
@@ -147,3 +160,36 @@ async def _session(daemon, reader: asyncio.StreamReader, writer: asyncio.StreamW
 async def _reply(writer: asyncio.StreamWriter, message: dict) -> None:
     writer.write(encode_frame(message))
     await writer.drain()
+
+
+def keep_result(job_dir: Path, msg: dict) -> bool:
+    """Make the end a supervisor told (`msg`, a result frame) durable: True once the job's result.json exists (the
+    supervisor's, or the one written here for it: meshd's writes may use what the job's user may not), False while
+    the disk refuses it too. Written by a name of meshd's own and a rename, never following a link, and given to
+    the job directory's owner, as the supervisor's own would be."""
+    path = job_dir / "result.json"
+    with suppress(OSError):
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            return True
+    result = {"status": msg["status"], "rank": msg.get("rank"), "exit_code": msg.get("exit_code"),
+              "reason": msg.get("reason") or ""}
+    if isinstance(msg.get("restart"), int):
+        result["restart"] = msg["restart"]
+    data, tmp = json.dumps(result).encode(), job_dir / "result.json.meshd"
+    try:
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            with suppress(OSError):
+                owner = os.stat(job_dir)
+                os.fchown(fd, owner.st_uid, owner.st_gid)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        return False
+    return True

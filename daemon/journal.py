@@ -17,7 +17,7 @@ import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from meshsched.state import JobState
@@ -39,6 +39,14 @@ CREATE TABLE IF NOT EXISTS transitions (
     reason TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job_id);
+CREATE TABLE IF NOT EXISTS accounting (
+    job_id TEXT PRIMARY KEY,
+    end_time REAL NOT NULL,
+    user TEXT NOT NULL,
+    uid INTEGER,
+    row TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS accounting_end ON accounting(end_time);
 """
 
 TERMINAL = frozenset(s.value for s in JobState if s.is_terminal)  # a record's state: the job has ended
@@ -97,6 +105,7 @@ class JobRecord:
     time_limit_at: float | None = None  # when the current run exceeds it (re-armed after a meshd restart)
     held: bool = False  # a user hold
     begin_time: float | None = None  # not queued before (--begin)
+    signal: str = ""  # --signal in canonical form, B:SIGUSR1@60 (meshsched/wire/jobsignal.py); "": none
     output: str = ""  # absolute paths the patterns of --output / --error expanded to ("" : none)
     error: str = ""
     exit_code: int | None = None  # the job's exit code once it ended (a failed rank's; 0 when completed)
@@ -114,13 +123,24 @@ class JobRecord:
     # out), kept for every run of the job; ALL: the submitter's whole environment; NONE or the names listed: over a
     # minimal PATH/HOME/USER/LANG; "" : a record from before --export, run like NONE (never with meshd's environment)
     export: str = ""
+    # honest figures (daemon/listing.py): [iterations, step time] as the job itself last reported them (meshsched.job;
+    # None: it never did, so every progress figure is the scheduler's estimate); seconds it held GPUs in runs that
+    # ended (`ran`) and when its current run took them (`held_since`): TIME counts neither queue nor preemption
+    reported: list | None = None
+    ran: float = 0.0
+    held_since: float | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        """The same text as json.dumps(asdict(self)), without asdict's deep copy (the fields hold plain values,
+        lists and dicts): a 300-task array is 600 of these."""
+        return json.dumps({f: getattr(self, f) for f in _RECORD_FIELDS}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> JobRecord:
         return cls(**json.loads(text))
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(JobRecord))  # JobRecord.to_json's keys, in declaration order
 
 
 class JournalError(RuntimeError):
@@ -267,6 +287,16 @@ class Journal:
             raise
         return seq
 
+    def take_seq(self, floor: int = 1) -> int:
+        """`next_seq` inside the open batch: the counter moves in the transaction that writes the records holding
+        the id (a submit, an array's every task: one commit). The caller raises its own floor first (IdMark), so
+        an id whose batch fails is never given again either."""
+        kept = self._rows.get(("meta", "next_seq")) or self.pending.get(("meta", "next_seq"))
+        row = kept[1] if kept else self._db.execute("SELECT value FROM meta WHERE key='next_seq'").fetchone()
+        seq = max(int(row[0]) if row else 1, floor)
+        self._stage(("meta", "next_seq"), "INSERT OR REPLACE INTO meta VALUES ('next_seq', ?)", (str(seq + 1),))
+        return seq
+
     def applied(self) -> int:
         """(mesh) The last log entry whose actions this node carried out (0: none)."""
         try:
@@ -302,6 +332,14 @@ class Journal:
             raise JournalError(unusable(self.path, str(exc))) from None
         return row[0] if row else None
 
+    def put_drains(self, drains: list[dict]) -> None:
+        """The drained GPUs (meshsched.drain records), in the transaction of the event that changed them."""
+        self._stage(("meta", "drains"), "INSERT OR REPLACE INTO meta VALUES ('drains', ?)", (json.dumps(drains),))
+
+    def load_drains(self) -> list[dict]:
+        row = self._db.execute("SELECT value FROM meta WHERE key='drains'").fetchone()
+        return json.loads(row[0]) if row else []
+
     def load(self) -> list[JobRecord]:
         """All job records in submission order."""
         try:
@@ -313,6 +351,21 @@ class Journal:
         rows = self._db.execute("SELECT time, state, reason FROM transitions WHERE job_id=? ORDER BY id", (job_id,))
         kept = [args[1:] for key, (_, args) in self.pending.items() if key[0] == "transition" and args[0] == job_id]
         return [tuple(r) for r in rows] + kept  # and those a full disk keeps in memory for now
+
+    # ---------------------------------------------------------------- accounting and retention
+    def stage(self, key: tuple, sql: str, args: tuple) -> None:
+        """Another part's write to its own table (daemon/accounting.py: the `accounting` table) in the open batch,
+        deferred like the batch's own (a full disk keeps it in `pending`, keyed ("ext", *key))."""
+        self._stage(("ext", *key), sql, args)
+
+    def select(self, sql: str, args: tuple = ()) -> list[tuple]:
+        return self._db.execute(sql, args).fetchall()
+
+    def forget(self, job_id: str) -> None:
+        """Retention: the job's record and its transitions leave the journal (the accounting table keeps its row)."""
+        self.stamps.pop(job_id, None)
+        self._stage(("job", job_id), "DELETE FROM jobs WHERE job_id=?", (job_id,))
+        self._stage(("forget", job_id), "DELETE FROM transitions WHERE job_id=?", (job_id,))
 
     def close(self) -> None:
         self._db.close()

@@ -52,7 +52,9 @@ MESHD_VARS = frozenset(("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", 
                         "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
                         "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "MESH_JOB_ID", "MESH_SOCKET",
                         "MESH_CHECKPOINT_DIR", "MESH_RESTART_COUNT", "MESH_MICRO_BATCH", "MESH_ACCUM_STEPS",
-                        "MESH_MPS_PERCENTAGE", "MESH_PLAN", *SECRET_ENV))
+                        "MESH_MPS_PERCENTAGE", "MESH_PLAN", *SECRET_ENV,
+                        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+                        "TORCHELASTIC_USE_AGENT_STORE"))
 MESHD_PREFIXES = ("MESH_ARRAY_", "CUDA_MPS_", "TORCHELASTIC_")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # cli/jobs.py's JOB_PATH
 

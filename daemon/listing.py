@@ -6,9 +6,13 @@ A job's row or encoded view depends, besides the clock, on its record and on the
 Every record change ends in `Journal.put`, which stamps the job with the journal's write count, and every engine
 event ends a journal write; so while the write count has not moved every cached piece holds, and after it moved a
 piece holds while its job's stamp and pending reason are what they were when it was made. Jobs whose view moves
-with the clock (started and not ended: TIME, done_iterations; or with throughput reports) are made afresh per
-request, and their pieces from before they started are dropped when that is seen (it took a write). A listing of 1,000 queued jobs is one join of cached pieces, and a submit or a cancel remakes only the
+with the clock (holding GPUs: TIME, the estimate of done iterations; or with throughput reports) are made afresh
+per request, and their pieces from before they started are dropped when that is seen (it took a write). A listing of 1,000 queued jobs is one join of cached pieces, and a submit or a cancel remakes only the
 pieces of the jobs it changed.
+
+Honest figures: a job's progress is measured only when the job reports it (meshsched.job; the record's `reported`,
+journaled, so it outlives a restart of meshd); otherwise `done_iterations` and `step_time` are null and the engine's
+extrapolation (what scheduling uses) is under `progress` as `estimated_*`. TIME is the time the job held GPUs.
 """
 
 from __future__ import annotations
@@ -22,14 +26,14 @@ from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.confine import format_cpus
 from meshsched.daemon.gpus import GpuBackend
 from meshsched.daemon.hostres import HostResources
-from meshsched.daemon.journal import HOLDING, JobRecord, Journal
+from meshsched.daemon.jobformat import DEFAULT, FIELDS, collapse, render, row
+from meshsched.daemon.journal import HOLDING, TERMINAL, JobRecord, Journal
 from meshsched.daemon.launcher import Launcher
 from meshsched.daemon.mps import MpsManager
 from meshsched.daemon.privacy import slot as slot_for
 from meshsched.daemon.privacy import visible
 
 from meshsched.engine import Engine
-from meshsched.wire.jobtable import JOBS_HEADER, columns, jobs_row
 
 if TYPE_CHECKING:  # for the type only: daemon.mesh loads the etcd coordinator, which one server never needs
     from meshsched.daemon.mesh import MeshLink
@@ -73,7 +77,7 @@ class Listings:
         """What a job's piece depends on besides the clock: its record's stamp and, while it is queued, its pending
         reason. None: the piece moves with the clock (never cached)."""
         d = self.ctx
-        if (rec.start_time is not None and rec.end_time is None) or rec.job_id in d.throughput:
+        if (rec.held_since is not None and rec.end_time is None) or rec.job_id in d.throughput:
             return None
         job = d.engine.state.jobs.get(rec.job_id)
         queued = job is not None and job.state.is_queued
@@ -104,15 +108,21 @@ class Listings:
         """meshd's own directories: paths under them are named to operators only."""
         return self.ctx.config.state_dir, self.ctx.config.runtime_dir
 
-    def table(self, recs: list, uid: int | None, operator: bool) -> bytes:
-        """The `mesh ls` table of `recs` (header first), UTF-8; a user who is not an operator sees other users'
-        jobs with their reasons' public part only (daemon/privacy.py)."""
+    def table(self, recs: list, uid: int | None, operator: bool, names: tuple[str, ...] = DEFAULT,
+              unfold: bool = False) -> bytes:
+        """The `mesh ls` table of `recs` (header first) in the columns `names` (daemon/jobformat.py), pending tasks
+        of an array as one row unless `unfold`, UTF-8; a user who is not an operator sees other users' jobs with
+        their reasons' public part only (daemon/privacy.py)."""
 
-        def make(rec, now: float, slot: str) -> str:
-            return jobs_row(visible(self.brief(rec, now), slot, self.server_dirs, rec.job_dir))
+        def make(rec, now: float, slot: str) -> tuple[dict, tuple[str, ...]]:  # its brief, and its default row
+            brief = visible(self.brief(rec, now), slot, self.server_dirs, rec.job_dir)
+            return brief, row(brief, DEFAULT)
 
-        rows = self._pieces("rows", recs, lambda rec: slot_for(operator, uid, rec.uid), make)
-        return ("\n".join(columns([JOBS_HEADER, *rows])) + "\n").encode()
+        pieces = self._pieces("rows", recs, lambda rec: slot_for(operator, uid, rec.uid), make)
+        rows = {id(b): r for b, r in pieces} if names == DEFAULT else {}
+        briefs = [b for b, _ in pieces]
+        header = tuple(FIELDS[n][0] for n in names)
+        return render([header, *(rows.get(id(b)) or row(b, names) for b in (briefs if unfold else collapse(briefs)))])
 
     def views(self, recs: list, uid: int | None, operator: bool) -> bytes:
         """The JSON list of the job views of `recs`; a user who is not an operator sees other users' jobs
@@ -136,8 +146,12 @@ class Listings:
         holds = job is not None and job.state.holds_gpus
         out = {"job_id": rec.job_id, "name": rec.name, "user": rec.user, "state": rec.state, "gpus": rec.gpus,
                "node": rec.node, "reason": d.engine.pending_reason(rec.job_id) if queued else rec.reason,
-               "elapsed": 0.0 if start is None else max(0.0, (rec.end_time or now) - start),
-               "partners": self.partners(job) if holds else [], "exec": rec.exec if holds else None}
+               "elapsed": run_time(rec, now), "partners": self.partners(job) if holds else [],
+               "exec": rec.exec if holds else None, "submit_time": rec.submit_time, "start_time": start,
+               "end_time": rec.end_time, "time_limit": rec.time_limit, "time_left": time_left(rec, now),
+               "array_id": rec.array_id, "array_task": rec.array_task, "array_limit": rec.array_limit,
+               "exit_code": rec.exit_code, "iterations": rec.iterations,
+               "done_iterations": rec.reported[0] if rec.reported else None}
         if rec.cancelling and holds:  # as job_view says it
             out["state"], out["reason"] = "COMPLETING", "cancelled; waiting for its processes to exit"
         return out
@@ -149,13 +163,13 @@ class Listings:
         now = time.time() if now is None else now
         out = {k: getattr(rec, k) for k in _VIEW_FIELDS}
         job = d.engine.state.jobs.get(rec.job_id)
-        if job is not None and not job.state.is_terminal:
-            out["done_iterations"] = round(job.iterations_at(now), 3)
-            out["step_time"] = job.step_time
-            if job.state.is_queued:
-                out["reason"] = d.engine.pending_reason(rec.job_id)
-        start = rec.start_time
-        out["elapsed"] = 0.0 if start is None else max(0.0, (rec.end_time or now) - start)
+        live = job is not None and not job.state.is_terminal
+        if live and job.state.is_queued:
+            out["reason"] = d.engine.pending_reason(rec.job_id)
+        out.update(progress_of(rec, job if live else None, now))
+        out["elapsed"] = run_time(rec, now)
+        out["restarts"], out["launches"] = max(0, rec.restarts - 1), rec.restarts  # the record counts launches
+        out["time_left"], out["eligible_time"] = time_left(rec, now), self.eligible(rec, job)
         if rec.cancelling and rec.state in HOLDING:  # Slurm's word for "ending, processes still there"
             out["state"], out["reason"] = "COMPLETING", "cancelled; waiting for its processes to exit"
         out["gpu_names"] = [d.engine.state.gpus[g].local_index for g in rec.assigned]
@@ -171,6 +185,15 @@ class Listings:
             out["samples_per_second"] = round(sum(r["samples_per_second"] for r in ranks.values()), 3)
             out["rank_reports"] = {str(k): v for k, v in sorted(ranks.items())}
         return out
+
+    def eligible(self, rec: JobRecord, job) -> float | None:
+        """Slurm's EligibleTime: when its gates opened (submitted, --begin passed, the jobs it depends on ended);
+        None while one is still closed (held, waiting for its begin time or a dependency)."""
+        if job is not None and job.state.is_queued and (rec.held or self.ctx.engine.pending_reason(rec.job_id) in
+                                                        ("Dependency", "BeginTime", "JobHeldUser")):
+            return None
+        ends = [r.end_time for _, j in rec.dependency if (r := self.ctx.records.get(j)) is not None and r.end_time]
+        return max([rec.submit_time, rec.begin_time or 0.0, *ends])
 
     def partners(self, job) -> list[str]:
         """The jobs sharing any of `job`'s GPUs (its colocation set)."""
@@ -208,6 +231,7 @@ class Listings:
         """This node in full; in a mesh, every other node as the shared engine state knows it."""
         d = self.ctx
         here = self.node_view()
+        here["drain"] = d.engine.drains.status(here["name"]) if here["name"] in d.engine.state.nodes else None
         if d.mesh is None:
             return [here]
         state, out = d.engine.state, [here]
@@ -218,8 +242,41 @@ class Listings:
                                       "jobs": list(state.gpus[g].jobs)} for g in node.gpus],
                             "free_gpus": state.free_by_node.get(name, 0), "total_gpus": node.size,
                             "cpus": node.cpus, "memory_gb": node.host_memory_gb,
-                            "queue_length": here["queue_length"], "leader": d.mesh.leader == name})
+                            "queue_length": here["queue_length"], "leader": d.mesh.leader == name,
+                            "drain": d.engine.drains.status(name)})
         return out
+
+
+def run_time(rec: JobRecord, now: float) -> float:
+    """Slurm's TIME: the seconds the job held GPUs (runs that ended, and the current one up to its end or now);
+    a record from before this was counted: from its first start."""
+    if rec.held_since is None and not rec.ran and rec.start_time is not None:
+        return max(0.0, (rec.end_time or now) - rec.start_time)
+    current = 0.0 if rec.held_since is None else max(0.0, (rec.end_time or now) - rec.held_since)
+    return rec.ran + current
+
+
+def time_left(rec: JobRecord, now: float) -> float | None:
+    """What is left of the time limit of its current run (the whole limit while queued); None: no limit, or ended."""
+    if rec.time_limit is None or rec.state in TERMINAL:
+        return None
+    if rec.held_since is not None and rec.time_limit_at is not None:
+        return max(0.0, rec.time_limit_at - now)
+    return rec.time_limit
+
+
+def progress_of(rec: JobRecord, job, now: float) -> dict:
+    """done_iterations and step_time as measured (what the job last reported; null when it never did) and the
+    `progress` block that says which figures are measured and what the scheduler estimates (`job`: the engine's,
+    while the job has not ended)."""
+    measured = rec.reported is not None
+    iters, step = (rec.reported[0], rec.reported[1] or None) if measured else (None, None)
+    est_iters = round(job.iterations_at(now), 3) if job is not None else rec.done_iterations
+    est_step = job.step_time if job is not None else rec.step_time
+    return {"done_iterations": iters, "step_time": step,
+            "progress": {"measured": measured, "iterations": iters, "step_time": step,
+                         "estimated": not measured, "estimated_iterations": est_iters,
+                         "estimated_step_time": est_step}}
 
 
 def _id_key(job_id: str) -> tuple:

@@ -37,6 +37,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="other local users who may submit (meshd as root): ann,bob, @GROUP for its members, * for all")
     p.add_argument("--confine", choices=("auto", "cpus", "no"),
                    help="pin each job to its CPUs and limit its memory where cgroups allow (auto), CPUs only, or no")
+    p.add_argument("--keep-finished", type=float, metavar="SECONDS",
+                   help="ended jobs leave the listings and journal this long after they ended (default 86400; 0: never)")
+    p.add_argument("--keep-job-dirs", type=float, metavar="SECONDS",
+                   help="ended jobs' directories are removed this long after they ended (default 604800; 0: never)")
     return p.parse_args(argv)
 
 

@@ -28,6 +28,10 @@ class MpsManager(Protocol):
 
     async def terminate_client(self, gpu: int, client_pid: int) -> None: ...
 
+    async def alive(self, gpu: int) -> bool: ...
+
+    async def revive(self, gpu: int) -> None: ...
+
     async def close(self) -> None: ...
 
 
@@ -41,6 +45,12 @@ class NoMps:
         return {}
 
     async def terminate_client(self, gpu: int, client_pid: int) -> None:
+        return None
+
+    async def alive(self, gpu: int) -> bool:
+        return True
+
+    async def revive(self, gpu: int) -> None:
         return None
 
     async def close(self) -> None:
@@ -142,6 +152,17 @@ class RealMps:
         for server in servers:
             if server.isdigit():
                 await self._control(gpu, stdin=f"terminate_client {server} {client_pid}\n")
+
+    async def alive(self, gpu: int) -> bool:
+        """Whether the GPU's control daemon still answers (no: it died, and every client on the GPU with it)."""
+        return await self._answers(gpu)
+
+    async def revive(self, gpu: int) -> None:
+        """Start the GPU's control daemon again after it died (meshd does so before placing a job there)."""
+        if not await self._answers(gpu):
+            await self._control(gpu, "-d")
+        if gpu not in self._started:
+            self._started.append(gpu)
 
     async def close(self) -> None:
         """Quit each control daemon that serves no client; one still serving a job's ranks (meshd stops, its jobs

@@ -24,14 +24,17 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+from meshsched import drain
 from meshsched import events as ev
-from meshsched.actions import FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
+from meshsched.actions import FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer, SignalJob
+from meshsched.daemon.accounting import Accounting
 from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.confine import open_confiner, usable_cpus
 from meshsched.daemon.control import PLAIN, ControlContext, JobControl
 from meshsched.daemon.dirs import private_dir
 from meshsched.daemon.engine_loop import EngineLoop
-from meshsched.daemon.forgotten import find_forgotten, stop_forgotten
+from meshsched.daemon.faultwatch import FaultWatch, WatchContext
+from meshsched.daemon.forgotten import find_forgotten, stop_forgotten, supervisor_of
 from meshsched.daemon.gpus import GpuBackend, open_backend, profile_type
 from meshsched.daemon.hostres import HostResources, host_resources
 from meshsched.daemon.idmark import IdMark
@@ -42,6 +45,7 @@ from meshsched.daemon.mesh_node import MeshReplica, ReplicaContext, ReportGate
 from meshsched.daemon.mps import MpsManager, open_mps
 from meshsched.daemon.notify import Notifier
 from meshsched.daemon.runs import JobChannel, LocalRuns, RunContext
+from meshsched.daemon.retention import Retention, RetentionContext
 from meshsched.daemon.submission import Submission, SubmitContext
 from meshsched.daemon.supervisor import LaunchSpec
 from meshsched.daemon.users import share_dirs
@@ -86,7 +90,7 @@ class NodeDaemon:
         self._fit_pool: ProcessPoolExecutor | None = None  # model fits (Lazer's GP) run here, off the loop
         self._handlers = {Launch: lambda a: self.runs.launch(a), Preempt: lambda a: self.runs.preempt(a),
                           Kill: lambda a: self.runs.kill(a), Reconfigure: lambda a: self.runs.reconfigure(a),
-                          ScheduleTimer: self._arm_timer, FitModel: self._fit}
+                          ScheduleTimer: self._arm_timer, FitModel: self._fit, SignalJob: lambda a: self.runs.signal(a)}
         check_handlers("meshd", self._handlers)
         self._ids: IdMark | None = None  # new job ids continue past every id given out and every job directory
         self.mesh = None  # a MeshLink under the etcd coordinator: the engine follows the mesh's log
@@ -98,6 +102,8 @@ class NodeDaemon:
         self.control: JobControl | None = None  # dependencies, hold/release/requeue, --wait
         self.submission: Submission | None = None  # the one submit path
         self.listings: Listings | None = None  # `mesh ls` and `mesh ls --json`, cached between state changes
+        self.accounting: Accounting | None = None  # a row per ended job (`mesh acct`), kept past retention
+        self.retention: Retention | None = None  # ended jobs and their dirs forgotten after keep_finished / _job_dirs
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -137,6 +143,8 @@ class NodeDaemon:
             self._stack.callback(self._close_fit_pool)
             self._make_parts()
             self._stack.callback(self.runs.close)
+            self._stack.callback(self.runs.faults.start())  # a shared GPU is one fault domain (daemon/faultwatch.py)
+            self._make_retention()
             if self.mesh is not None:
                 self.replica.recover_local_runs()
                 self._stop_forgotten()
@@ -163,6 +171,8 @@ class NodeDaemon:
         self.runs = LocalRuns(RunContext(
             cfg, self.engine, self.journal, self.launcher, self.records, self.gpus, self.host, self.mps, self.loop,
             self.channel, addresses, mesh, self.reports.forget if mesh else lambda job_id: None))
+        self.runs.faults = FaultWatch(WatchContext(cfg.node_name, cfg.kill_grace, self.engine, self.loop, self.launcher,
+                                                   self.mps, self.records, self.runs.outcome_event))
         self.control = JobControl(ControlContext(self.records, self.engine, self.journal, self.launcher, self.loop))
         self.loop.ended = self.control.ended
         if mesh:
@@ -172,6 +182,17 @@ class NodeDaemon:
         self.listings = Listings(ListingContext(cfg, self.records, self.engine, self.journal, self.throughput,
                                                 self.gpus, self.host, self.launcher, self.mps, self.mesh,
                                                 self.started_at))
+
+    def _make_retention(self) -> None:
+        """Accounting (a row per ended job, written with the event that ended it) and retention's sweep."""
+        state = self.engine.state
+        self.accounting = Accounting(self.journal, lambda rec: sorted({state.gpus[g].node for g in rec.assigned
+                                                                       if g < len(state.gpus)}))
+        self.retention = Retention(RetentionContext(self.config, self.records, self.engine, self.journal, self.loop,
+                                                    self.launcher, self.runs, self.accounting))
+        self.loop.accounted, self.loop.forgot = self.accounting.ended, self.retention.forgot
+        self.retention.start()
+        self._stack.callback(self.retention.close)
 
     def _make_mesh(self, addresses: dict[str, str]) -> None:
         from meshsched.daemon.coordinator_backends import open_coordinator
@@ -290,6 +311,8 @@ class NodeDaemon:
         dispatch, sid, runs = self.loop.dispatch, self.loop.sid, self.runs
         self.loop.restore_memory()
         dispatch(ev.NodeJoined(sid("join"), self.node_spec()))
+        for event in drain.restore(self.journal.load_drains(), sid):  # before any pass: still drained
+            dispatch(event)
         ngpus = len(self.gpus.inventory())
         outcomes: list[ev.Event] = []
         for rec in self.journal.load():
@@ -344,13 +367,15 @@ class NodeDaemon:
         have ended and be handing its result over). A job across nodes is left to the orphan rule."""
         job_dir = Path(rec.job_dir)
         try:
-            pid_text, _, start = (job_dir / "supervisor.pid").read_text().strip().partition(" ")
-            pid, launch = int(pid_text), LaunchSpec.load(job_dir / "launch.json")
+            launch = LaunchSpec.load(job_dir / "launch.json")
         except (OSError, ValueError, KeyError, TypeError):
             return False
         gpus = tuple(launch.local_gpus)
         if (not gpus or len(gpus) != rec.gpus or launch.world_size not in (0, len(gpus)) or max(gpus) >= ngpus
-                or launch.restart < rec.restarts or not self.launcher.adopt(rec.job_id, pid, start, job_dir)):
+                or launch.restart < rec.restarts):
+            return False
+        pid, start = supervisor_of(rec.job_id, job_dir)  # supervisor.pid, or the live one (a full disk refused it)
+        if not self.launcher.adopt(rec.job_id, pid, start, job_dir):
             return False
         rec.assigned, rec.restarts = list(gpus), launch.restart + 1
         rec.supervisor_pid, rec.supervisor_start = pid, start

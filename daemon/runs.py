@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from meshsched.daemon.supervisor import LaunchSpec
 from meshsched.daemon.users import owner_of
 
 from meshsched import events as ev
-from meshsched.actions import Kill, Launch, Preempt, Reconfigure
+from meshsched.actions import Kill, Launch, Preempt, Reconfigure, SignalJob
 from meshsched.engine import Engine
 from meshsched.state import ExecConfig, JobState
 from meshsched.wire.exitcodes import PREEMPTED_EXIT_CODE
@@ -80,6 +81,7 @@ class LocalRuns:
         self._timers: dict[str, asyncio.TimerHandle] = {}  # job -> its preemption's grace timer, or its backoff
         self._tasks: set[asyncio.Task] = set()
         ctx.loop.disk.resume = self.resume
+        self.faults = None  # a FaultWatch (daemon/faultwatch.py), set by NodeDaemon: exits of a GPU fault domain
 
     def close(self) -> None:
         self.ctx.loop.disk.close()
@@ -140,6 +142,20 @@ class LocalRuns:
             task = asyncio.get_running_loop().create_task(self._terminate_then_stop(rec))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def signal(self, action: SignalJob) -> None:
+        """`--signal`'s warning before the time limit: the signal to each rank of the job here (B:, the record's
+        `signal` starting so: rank 0's process only), as `mesh cancel --signal` sends it."""
+        c = self.ctx
+        rec = c.records.get(action.job_id)
+        if rec is None or not c.launcher.running(action.job_id):
+            return
+        if not rec.signal.startswith("B:"):
+            sent = c.launcher.signal_workers(action.job_id, action.signal)
+        else:  # rank 0 is the first of the supervisor's children on rank 0's node
+            pids = c.launcher.workers(action.job_id)[:1] if self.rank0_here(rec.job_id) else []
+            sent = sum(_kill(pid, action.signal) for pid in pids)
+        LOG.info("job %s: signal %d to %d rank(s) before its time limit", rec.job_id, action.signal, sent)
 
     async def _terminate_then_stop(self, rec: JobRecord) -> None:
         c = self.ctx
@@ -205,6 +221,7 @@ class LocalRuns:
         # The SDK trains with this micro-batch and accumulation (the global batch is unchanged).
         env.update(MESH_MICRO_BATCH=str(x.micro_batch), MESH_ACCUM_STEPS=str(x.accumulation),
                    MESH_MPS_PERCENTAGE=str(x.mps_percentage), MESH_PLAN=x.plan or rec.plan or "")  # else the asked
+        env["GROUP_WORLD_SIZE"] = str(len(nodes))  # torchrun's: the job's nodes (supervisor.rank_env sets the rest)
         self.forget_run(rec.job_id)
         limits = job_limits(c.launcher.confiner, (rec.cpus, rec.memory_gb, rec.gpus),
                             (x.cpus_per_gpu, x.memory_gb_per_gpu), len(local),
@@ -314,6 +331,8 @@ class LocalRuns:
                 self.launched[job_id] = run  # the same run to the engine: it did not count a launch
             c.loop.input(ev.ReconfigureApplied(c.loop.sid("reconfigured"), job_id, again), run)
             return
+        if self.faults is not None and self.faults.claim(job_id, outcome, run):
+            return  # a shared GPU's fault domain went down: the watch posts what it means (GpuFault)
         event = self.outcome_event(job_id, outcome, rec.pausing or job.state is JobState.PAUSING)
         if isinstance(event, ev.JobFailed) and event.requeue:  # it exited resumable on its own: back off
             delay = c.config.self_preempt_backoff * 2 ** (rec.self_preempts - 1)
@@ -367,6 +386,14 @@ class LocalRuns:
         orphan = self.ctx.launcher.reap_orphan(Path(rec.job_dir), rec.job_id)
         if orphan is not None:
             LOG.warning("job %s: killed orphaned supervisor %d (launch never journalled)", rec.job_id, orphan)
+
+
+def _kill(pid: int, signum: int) -> bool:
+    try:
+        os.kill(pid, signum)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def shared_port(job_id: str, run: int) -> int:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshsched import events as ev
 from meshsched.daemon.config import DaemonConfig
-from meshsched.daemon.control import PLAIN, ControlRequest, JobControl, expand_pattern
+from meshsched.daemon.control import PLAIN, ControlRequest, JobControl, check_model, expand_pattern
 from meshsched.daemon.engine_loop import EngineLoop
 from meshsched.daemon.idmark import IdMark
 from meshsched.daemon.journal import JobRecord, Journal
@@ -57,28 +57,38 @@ class Submission:
         c = self.ctx
         self.refuse_never_runnable(req)  # one line, no id taken, nothing journaled
         deps = c.control.resolve(ctl.dependency)
-        seq, head = self.new_job_id()
-        now = time.time()
-        recs = [self._record(req, ctl, user, uid, seq, head, task, deps, now) for task in ctl.tasks or (None,)]
-        for rec in recs:
-            job_spec(rec)  # validates
-        with c.journal.batch():  # durable first: a failed write (full disk) leaves no phantom job
+        now, env = time.time(), exported(req.env)  # the submitter's values of the variables meshd sets never reach it
+        with c.journal.batch():  # durable first, id and records in one commit: a failed write leaves no phantom job
+            seq, head = self.new_job_id()
+            recs = [self._record(req, ctl, user, uid, seq, head, task, deps, now, env) for task in ctl.tasks or (None,)]
+            specs = [job_spec(rec) for rec in recs]  # validates
             for rec in recs:
                 c.journal.put(rec)
                 c.journal.transition(rec.job_id, now, "PENDING", "submitted")
         for rec in recs:
             c.records[rec.job_id] = rec
         with c.journal.batch():  # every task's first scheduling pass in one commit
-            for rec in recs:
-                self.post(rec)
+            for rec, spec in zip(recs, specs):
+                self.post(rec, spec)
         return recs
 
+    def batch_warnings(self, req: SubmitRequest) -> list[str]:
+        """One line per GPU type of the live nodes whose profile of `req.model` was measured at per-GPU batches
+        that do not include this job's (issue 26 point 7: its speed is extrapolated); for the submit's reply."""
+        from meshsched.loaders.profiles import load_perf_model
+        from meshsched.perf.batch_range import batch_outside_profile
+
+        per_gpu = max(1, req.batch_size // max(req.gpus, 1))
+        lines = (batch_outside_profile(load_perf_model(), req.model, t, per_gpu)
+                 for t in self.ctx.engine.state.gpu_types)
+        return [line for line in lines if line is not None]
+
     def _record(self, req: SubmitRequest, ctl: ControlRequest, user: str, uid: int | None, seq: int, head: str,
-                task: int | None, deps: list, now: float) -> JobRecord:
+                task: int | None, deps: list, now: float, env: dict[str, str]) -> JobRecord:
         array_id = head if ctl.tasks else ""
         name = req.name or default_name(req.command)
         job_id = head if task is None else f"{head}_{task}"
-        env = exported(req.env)  # the submitter's values of the variables meshd sets never reach the job
+        env = dict(env)  # each record its own
         if task is not None:
             env.update(MESH_ARRAY_JOB_ID=array_id, MESH_ARRAY_TASK_ID=str(task),
                        MESH_ARRAY_TASK_COUNT=str(len(ctl.tasks)), MESH_ARRAY_TASK_MIN=str(ctl.tasks[0]),
@@ -91,21 +101,23 @@ class Submission:
             command=req.command, cwd=req.cwd, env=env, export=req.export, job_dir=str(self.ctx.config.jobs_dir / job_id),
             array_id=array_id, array_task=task, array_limit=ctl.array_limit, dependency=deps,
             time_limit=ctl.time_limit, held=ctl.hold, uid=uid, begin_time=ctl.begin, **files, **resources(req),
+            signal=ctl.signal,
         )
 
-    def post(self, rec: JobRecord) -> None:
+    def post(self, rec: JobRecord, spec: JobSpec | None = None) -> None:
         """A journaled submit reaches the engine (one server) or the mesh's leader with what nodes need to run it."""
         loop = self.ctx.loop
-        event = ev.JobSubmitted(loop.sid("submit"), job_spec(rec), held=rec.held)
+        event = ev.JobSubmitted(loop.sid("submit"), spec or job_spec(rec), held=rec.held)
         if self.ctx.mesh is None:
             loop.dispatch(event)
         else:
             loop.input(event, record=record_payload(rec))
 
     def new_job_id(self) -> tuple[int, str]:
-        """The next sequence number and the job id it makes (in a mesh `NODE.SEQ`: unique without a leader). The
-        mark outside the journal is raised before any record holds the id: a lost journal never gives it again."""
-        seq = self.ctx.journal.next_seq(self.ctx.ids.floor())
+        """The next sequence number and the job id it makes (in a mesh `NODE.SEQ`: unique without a leader), inside
+        the caller's batch. The mark outside the journal is raised before any record holds the id: neither a lost
+        journal nor a batch that failed to commit gives it again."""
+        seq = self.ctx.journal.take_seq(self.ctx.ids.floor())  # committed with the batch around it
         self.ctx.ids.given(seq)
         return seq, str(seq) if self.ctx.mesh is None else f"{self.ctx.config.node_name}.{seq}"
 
@@ -114,6 +126,7 @@ class Submission:
         could never run (`Engine.admission_error`: more GPUs than the live nodes have, more CPUs or memory than any
         node has, a plan the plan model calls infeasible, a guaranteed job over its tenant's quota). A mesh that
         has not caught up with its log has a partial view: its leader decides."""
+        check_model(req.model)  # a model no profile knows (as the simulator refuses it)
         mesh = self.ctx.mesh
         if mesh is not None and not mesh.synced:
             return

@@ -5,7 +5,8 @@ rank's stdout+stderr to JOB_DIR/logs/rank<N>.log, and waits. When a rank fails t
 SIGKILL after the grace period. SIGTERM to the supervisor (cancel, preempt) is forwarded the same way.
 The outcome goes to JOB_DIR/result.json (written atomically) so that meshd learns it even if meshd was
 restarted meanwhile; when the disk refuses it, to meshd as a `result` frame on the job socket, which needs no disk
-(`hand_over`: a full disk never turns a finished job into a lost one):
+and which meshd acknowledges once the end is durable (`hand_over`: until then the supervisor stays, so the end is
+never only in a meshd's memory, and a full disk never turns a finished job into a lost one or runs it twice):
 {"status": completed|failed|terminated|preempted, "rank", "exit_code", "reason"};
 "preempted" when ranks exited with PREEMPTED_EXIT_CODE (checkpointed on meshd's request) and none failed.
 Because it lives in its own session, restarting meshd does not stop a job.
@@ -88,17 +89,28 @@ class LaunchSpec:
 
 
 def rank_env(spec: LaunchSpec, rank: int) -> dict[str, str]:
-    """The environment of one worker: torchrun's contract plus CUDA_VISIBLE_DEVICES and MESH_*."""
+    """The environment of one worker: torchrun's contract (as torch's LocalElasticAgent sets it, one role, one
+    group per node; docs/daemon.md) plus CUDA_VISIBLE_DEVICES and MESH_*."""
     local = len(spec.local_gpus)
     env = dict(spec.env)
     if rank < len(spec.rank_envs):
         env.update(spec.rank_envs[rank])
+    world = str(spec.world_size or local)
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # torchrun's default, unless the job's env sets it
     env.update(
         RANK=str(spec.first_rank + rank),
         LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(spec.world_size or local),
+        WORLD_SIZE=world,
         LOCAL_WORLD_SIZE=str(local),
         GROUP_RANK=str(spec.node_rank),
+        GROUP_WORLD_SIZE=spec.env.get("GROUP_WORLD_SIZE", "1"),  # the job's nodes (daemon/runs.py sets it)
+        ROLE_RANK=str(spec.first_rank + rank),  # one role: the role's ranks are the job's
+        ROLE_WORLD_SIZE=world,
+        ROLE_NAME="default",  # torchrun's --role default
+        TORCHELASTIC_RESTART_COUNT=str(spec.restart),  # restarts of this job so far (preemption, requeue, resize)
+        TORCHELASTIC_MAX_RESTARTS="0",  # meshd never runs a failed job again (torchrun's --max-restarts default)
+        TORCHELASTIC_RUN_ID=spec.job_id,  # one per job, the same on every restart and node
+        TORCHELASTIC_USE_AGENT_STORE="False",  # no agent hosts a store: rank 0 does, at MASTER_ADDR:MASTER_PORT
         MASTER_ADDR=spec.master_addr,
         MASTER_PORT=str(spec.master_port),
         CUDA_VISIBLE_DEVICES=spec.devices[rank] if rank < len(spec.devices) else str(spec.local_gpus[rank]),
@@ -165,12 +177,19 @@ def say(line: str) -> None:
         pass
 
 
-def tell_meshd(path: str, job_id: str, result: dict, timeout: float = TELL_TIMEOUT) -> bool:
-    """Say `result` to meshd over the job socket (no disk needed); True once meshd acknowledged it."""
+DURABLE, HELD = "durable", "held"  # meshd's answers to a result frame (tell_meshd); "": no answer, or refused
+
+
+def tell_meshd(path: str, job_id: str, result: dict, timeout: float = TELL_TIMEOUT) -> str:
+    """Say `result` to meshd over the job socket (no disk needed): DURABLE once meshd acknowledged it with the end
+    durable (result.json exists: it writes it where this process could not), HELD while it holds the end but its
+    disk refuses it too (an `ok` with `durable: false`), "" when meshd did not take it (not there, or refused)."""
     from meshsched.wire.protocol import MAX_REASON, REPLY_TYPES, FrameDecoder, ProtocolError, encode_frame
 
     message = {"type": "result", "job_id": job_id, "status": result["status"], "rank": result.get("rank"),
                "exit_code": result.get("exit_code"), "reason": str(result.get("reason") or "")[:MAX_REASON]}
+    if isinstance(result.get("restart"), int):
+        message["restart"] = result["restart"]
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
@@ -179,18 +198,26 @@ def tell_meshd(path: str, job_id: str, result: dict, timeout: float = TELL_TIMEO
             decoder = FrameDecoder(REPLY_TYPES)
             while data := sock.recv(1 << 16):
                 for reply in decoder.feed(data):
-                    return reply["type"] == "ok"
+                    if reply["type"] != "ok":
+                        return ""
+                    return HELD if reply.get("durable") is False else DURABLE  # an older meshd: no `durable`
     except (OSError, ProtocolError):
         pass
-    return False
+    return ""
 
 
-def hand_over(job_dir: Path, spec: LaunchSpec, result: dict, patience: float = RESULT_PATIENCE) -> bool:
+def hand_over(job_dir: Path, spec: LaunchSpec, result: dict, patience: float = RESULT_PATIENCE,
+              stopped=lambda: False) -> bool:
     """The job's result, durable before anything else: result.json (what meshd reads, restarted or not) or, when
-    the disk refuses it, meshd itself over the job socket, which needs no disk. Both are tried again every
-    RESULT_RETRY seconds until one works or `patience` runs out (meshd restarting while the disk is full);
-    True once one worked."""
-    deadline, said = time.monotonic() + patience, False
+    the disk refuses it, meshd itself over the job socket, which needs no disk and acknowledges the result once it
+    is durable (it writes result.json itself, with root's reserve). Both are tried again every RESULT_RETRY seconds
+    until one is durable. While meshd answers that it holds the end but cannot make it durable yet (its disk is
+    full as well), this waits without a limit and the supervisor's session stays: meshd alive and answering still
+    accounts for the job's GPUs, and a meshd SIGKILLed meanwhile finds this supervisor live when it restarts, adopts
+    it, and is told again -- the end is never only in a meshd's memory. `patience` bounds only how long meshd does
+    not answer at all (restarting while the disk is full); `stopped()` (a SIGTERM now) ends the wait. True once
+    durable."""
+    deadline, said, held = time.monotonic() + patience, False, False
     result = {**result, "restart": spec.restart}  # which run ended: a restarted meshd tells it from a newer one
     while True:
         try:
@@ -200,9 +227,16 @@ def hand_over(job_dir: Path, spec: LaunchSpec, result: dict, patience: float = R
             if not said:
                 said = True
                 say(f"cannot write result.json: {exc}; telling meshd over its socket")
-        if spec.socket and tell_meshd(spec.socket, spec.job_id, result):
+        answer = tell_meshd(spec.socket, spec.job_id, result) if spec.socket else ""
+        if answer == DURABLE:
             return True
-        if time.monotonic() > deadline:
+        if answer == HELD:
+            deadline = time.monotonic() + patience  # meshd is there: no limit while it answers
+            if not held:
+                held = True
+                say("meshd holds the result but cannot make it durable yet (its disk is full too); offering it "
+                    "again until one of them can")
+        if (answer != HELD and time.monotonic() > deadline) or stopped():
             return False
         time.sleep(RESULT_RETRY)
 
@@ -271,6 +305,8 @@ class Supervisor:
         self.signalled: set[int] = set()  # ranks that got SIGTERM
         self.stopping = False
         self.terminated = False
+        self.handing_over = False  # the job is over and its result is being handed over (`hand_over`)
+        self.stop_handing_over = False  # a SIGTERM came meanwhile: stop waiting for meshd to make it durable
         self.tees: dict[int, tuple[int, int]] = {}  # read end of a rank's pipe -> (its rank log, the user's file)
         self.partial: dict[int, bytes] = {}  # read end -> the start of a line not yet written to the user's file
 
@@ -475,7 +511,9 @@ class Supervisor:
                       "reason": "checkpointed and exited on request (resumable)"}
         else:
             result = failure or {"status": "completed", "rank": None, "exit_code": 0, "reason": ""}
-        if not hand_over(self.job_dir, self.spec, result):  # neither the file nor meshd: say so (supervisor.log)
+        self.handing_over = True
+        if not hand_over(self.job_dir, self.spec, result, stopped=lambda: self.stop_handing_over):
+            # neither the file nor meshd: say so (supervisor.log)
             say("the result reached neither result.json nor meshd")
             return 70
         return {"completed": 0, "failed": 1, "preempted": PREEMPTED_EXIT_CODE}.get(result["status"], 143)
@@ -502,6 +540,9 @@ class Supervisor:
             time.sleep(0.02)
 
     def _on_term(self) -> None:
+        if self.handing_over:  # every process of the job is gone: meshd (or a restarted one that does not know
+            self.stop_handing_over = True  # the job) wants this supervisor gone too
+            return
         self.terminated = True
         self.stop_all()
 

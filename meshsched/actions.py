@@ -46,6 +46,14 @@ class Reconfigure(Action):
 
 
 @dataclass(frozen=True, slots=True)
+class SignalJob(Action):
+    """Send `signal` to the running job's ranks now (`--signal`: its warning before the time limit); no answer
+    expected. The simulated world has no processes to signal: it ignores it."""
+
+    signal: int
+
+
+@dataclass(frozen=True, slots=True)
 class ScheduleTimer:
     """Deliver Tick(key) at time `at`. A newer timer replaces every older one."""
 

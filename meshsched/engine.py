@@ -16,7 +16,9 @@ from dataclasses import dataclass, replace
 from meshsched import admission
 from meshsched import events as ev
 from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure
+from meshsched.drain import Drains
 from meshsched.estimate import StepTimeEstimator, ideal_step_time, step_time_where
+from meshsched.faults import FaultDomains, FaultHooks
 from meshsched.jobcontrol import TIME_LIMIT, JobControl, QueueHooks, controlled
 from meshsched.policies import base as pb
 from meshsched.policies.base import ClusterView, Defer, Evict, Remember, RequestFit, Start, Trigger, Wait
@@ -57,6 +59,9 @@ class Engine:
         # job control (Slurm's hold, dependencies, arrays, begin times, time limits) beside the cycle
         self.control = JobControl(self.state, QueueHooks(self._enqueue, self._dequeue, self._begin_pause, self._log,
                                                          self._ignore, self._mark))
+        self.drains = Drains(self.state, self._log)  # GPUs out of service (mesh drain / resume)
+        self.faults = FaultDomains(self.state, FaultHooks(self._release, self._requeue_from_checkpoint,  # GPU faults
+                                                          self._on_failed, self._log))
         self._handlers: dict[type, Callable[[ev.Event, float, list[Action]], Trigger | None]] = {
             ev.JobSubmitted: self._on_submitted,
             ev.JobStarted: self._on_started,
@@ -79,6 +84,9 @@ class Engine:
             ev.HoldRequested: self.control.on_hold,
             ev.ReleaseRequested: self.control.on_release,
             ev.RequeueRequested: self.control.on_requeue,
+            ev.GpuFault: self.faults.on_fault,  # a shared GPU is one fault domain (meshsched.faults)
+            ev.DrainChanged: self.drains.on_changed,
+            ev.JobsForgotten: self.control.on_forget,  # retention (meshd's keep_finished)
         }
 
     # ---------------------------------------------------------------- entry point
@@ -112,6 +120,8 @@ class Engine:
         self._changed.clear()
         return out
 
+    active = property(lambda self: self._active, doc="jobs holding GPUs, in start order (meshsched.snapshot)")
+
     # ---------------------------------------------------------------- queries
 
     def view(self, arrived: str | None = None) -> ClusterView:
@@ -139,7 +149,7 @@ class Engine:
         if job.reason:
             return job.reason
         ahead = any(self.state.jobs[j].spec.gpus <= self.state.total_gpus for j in self.waiting.ahead(job_id))
-        return "Priority" if ahead else "Resources"
+        return "Priority" if ahead else self.drains.reason_or(job, "Resources")
 
     def explain(self, job_id: str) -> list[LogEntry]:
         return [e for e in self.log if e.job_id == job_id]
@@ -191,6 +201,7 @@ class Engine:
             return None
         job.done_iterations = min(float(job.spec.iterations), max(job.done_iterations, e.iterations))
         job.progress_time = now
+        job.reported = (e.iterations, e.step_time)  # measured by the job itself (views tell it from estimates)
         if e.step_time > 0 and now - e.measured_for >= job.rate_since:  # else measured partly before a
             job.step_time = e.step_time  # partner came or went (`_partners_retimed`): not its rate now
         self._calibrate(job, now, e.stimulus_id, actions)
@@ -353,6 +364,8 @@ class Engine:
             blocked = self.control.blocked
             if blocked and d.job_id in blocked:  # a policy that found it by its state (a Lazer deferral)
                 self._log(now, stimulus, job, f"ignored {kind.__name__}: {blocked[d.job_id]}")
+                continue
+            if isinstance(d, Start) and self.drains.refuses(d.gpus, job, now, stimulus):
                 continue
             if isinstance(d, Start):
                 if not job.state.is_queued:

@@ -165,3 +165,37 @@ class RequeueRequested(Event):
     """Checkpoint a running job and queue it again (Slurm's requeue); it resumes from the checkpoint."""
 
     job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobsForgotten(Event):
+    """Retention: ended jobs leave the engine's state (job control's `on_forget`; only ended ones, others are
+    ignored). A queued job's dependency on one that it satisfied is dropped first; one that it never will stays,
+    naming a job the engine no longer knows, which never satisfies it (DependencyNeverSatisfied)."""
+
+    job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DrainChanged(Event):
+    """An operator took GPUs of `node` out of service (`drain`), or gave them back: running jobs there finish,
+    nothing new starts there while drained (meshsched.drain). `gpus`: local indices, () for the whole node."""
+
+    node: str
+    gpus: tuple[int, ...] = ()
+    drain: bool = True
+    reason: str = ""
+    by: str = ""  # who said so
+    since: float | None = None  # when the drain was said (None: the event's time); kept across restarts
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFault(Event):
+    """One GPU's fault domain went down: under MPS a fatal fault in one client (`culprit`), or the GPU's MPS server
+    dying (`culprit` None), ended every client on that GPU. Sent once the processes of the jobs on it are gone.
+    The culprit fails as any failing job does; every other job on the GPU is requeued from its checkpoint,
+    uncharged, and none of them is paired with another of them again (meshsched.faults)."""
+
+    gpu: int  # global GPU index
+    culprit: str | None = None
+    reason: str = ""  # what happened (the culprit's failure reason; "" says it in general words)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
+from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer, SignalJob
 
-ACTION_TYPES: frozenset[type] = frozenset({Launch, Preempt, Kill, Reconfigure, ScheduleTimer, FitModel})
+ACTION_TYPES: frozenset[type] = frozenset({Launch, Preempt, Kill, Reconfigure, ScheduleTimer, FitModel, SignalJob})
 
 
 class UnknownAction(TypeError):

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshsched import events as ev
-from meshsched.actions import Action, Preempt
+from meshsched.actions import Action, Preempt, SignalJob
 from meshsched.policies.base import Trigger
-from meshsched.state import ClusterState, Job, JobSpec, JobState
+from meshsched.state import ClusterState, DependencyKind, Job, JobSpec, JobState
 
 HELD = "JobHeldUser"  # Slurm's pending reasons for jobs kept out of the queue
 DEPENDENCY = "Dependency"
@@ -54,6 +54,7 @@ class JobControl:
         self.ended: list[Job] = []  # jobs that ended in this event (their dependents and arrays are settled)
         self.limits: dict[str, float] = {}  # job holding GPUs -> when its run exceeds its time limit
         self.begins: dict[str, float] = {}  # job kept out until its begin time -> that time
+        self.warnings: dict[str, float] = {}  # running job with a --signal not yet sent this run -> when it is due
 
     # ---------------------------------------------------------------- what the engine tells job control
 
@@ -62,6 +63,7 @@ class JobControl:
         if job.spec.time_limit is not None:
             job.time_limit_at = now + job.spec.time_limit
             self.limits[job.job_id] = job.time_limit_at
+            self._arm_warning(job, now, late=True)
 
     def adopted(self, job: Job, time_limit_at: float | None, now: float) -> None:
         """`job` was found running after a restart: its limit as journaled, its array slot taken."""
@@ -69,6 +71,7 @@ class JobControl:
         if spec.time_limit is not None:
             job.time_limit_at = time_limit_at if time_limit_at is not None else now + spec.time_limit
             self.limits[spec.job_id] = job.time_limit_at
+            self._arm_warning(job, now, late=time_limit_at is None)
         if spec.array_limit:
             self.array_play.setdefault(spec.array_id, set()).add(spec.job_id)
 
@@ -77,10 +80,21 @@ class JobControl:
         if job.time_limit_at is not None:
             job.time_limit_at = None
             self.limits.pop(job.job_id, None)
+        self.warnings.pop(job.job_id, None)
+
+    def _arm_warning(self, job: Job, now: float, late: bool) -> None:
+        """Arm the job's --signal for this run: signal_time seconds before its limit; when that time has passed, at
+        once if `late` (a new run whose limit is that close), else not at all (a run adopted after meshd's restart
+        may have had it before)."""
+        spec = job.spec
+        if spec.signal and job.time_limit_at is not None:
+            at = job.time_limit_at - spec.signal_time
+            if at >= now or late:
+                self.warnings[job.job_id] = max(at, now)
 
     def next_due(self) -> float | None:
-        """The first time limit or begin time to come, if any."""
-        times = [min(t.values()) for t in (self.limits, self.begins) if t]
+        """The first time limit, --signal warning or begin time to come, if any."""
+        times = [min(t.values()) for t in (self.limits, self.warnings, self.begins) if t]
         return min(times) if times else None
 
     # ---------------------------------------------------------------- gating
@@ -90,6 +104,9 @@ class JobControl:
         spec = job.spec
         waiting = False
         for d in spec.dependencies:
+            if d.kind is DependencyKind.SINGLETON:
+                waiting = waiting or bool(self.singleton_blockers(job))
+                continue
             target = self.state.jobs.get(d.job_id)
             met = None if target is None else d.kind.met_by(target.state)
             if target is None or met is False:
@@ -110,9 +127,10 @@ class JobControl:
         A job whose dependency can never be met is cancelled (reason DependencyNeverSatisfied)."""
         spec = job.spec
         for d in spec.dependencies:
-            target = self.state.jobs.get(d.job_id)
-            if target is not None and not target.state.is_terminal:
-                self.dependents.setdefault(d.job_id, set()).add(spec.job_id)
+            for other in self.singleton_blockers(job) if d.kind is DependencyKind.SINGLETON else (d.job_id,):
+                target = self.state.jobs.get(other)
+                if target is not None and not target.state.is_terminal:
+                    self.dependents.setdefault(other, set()).add(spec.job_id)
         why = self.gate(job, now)
         self.blocked.pop(spec.job_id, None)
         if why == NEVER:
@@ -135,6 +153,18 @@ class JobControl:
             self.hooks.enqueue(job)
         self.hooks.changed(spec.job_id)
         return not why
+
+    def singleton_blockers(self, job: Job) -> list[str]:
+        """The jobs a `singleton` dependency of `job` waits for: its user's unfinished jobs of the same name that
+        hold GPUs, or are queued ahead of it (submitted before it)."""
+        spec, out, ahead = job.spec, [], True
+        for other in self.state.jobs.values():
+            if other is job:
+                ahead = False
+            elif other.spec.user == spec.user and other.spec.name == spec.name and not other.state.is_terminal \
+                    and (ahead or not other.state.is_queued):
+                out.append(other.job_id)
+        return out
 
     def settle(self, now: float, stimulus: str) -> bool:
         """Jobs ended in this event: admit what waited on them (dependents, the next tasks of a throttled
@@ -173,12 +203,22 @@ class JobControl:
         return queued
 
     def expire_limits(self, now: float, stimulus: str, actions: list[Action]) -> bool:
-        """Stop every running job past its time limit: checkpoint and exit (Preempt); its pause ends it as
-        TIMEOUT. Returns True if any was stopped."""
+        """Send the --signal warnings due (SignalJob, once per run), then stop every running job past its time
+        limit: checkpoint and exit (Preempt); its pause ends it as TIMEOUT. Returns True if any was due (a warning
+        is always due with a limit: `warnings` holds only jobs in `limits`)."""
+        warned = sorted(j for j, at in self.warnings.items() if at <= now)
+        for job_id in warned:
+            job = self.state.jobs[job_id]
+            del self.warnings[job_id]
+            if job.state in (JobState.LOADING, JobState.RUNNING):  # a pausing job is being stopped already
+                actions.append(SignalJob(job_id, job.spec.signal))
+                self.hooks.log(now, stimulus, job, f"signal {job.spec.signal} to its ranks: "
+                                                   f"{job.spec.signal_time:g}s before its time limit")
         due = sorted(j for j, at in self.limits.items() if at <= now)
         for job_id in due:
             job = self.state.jobs[job_id]
             del self.limits[job_id]
+            self.warnings.pop(job_id, None)
             job.time_limit_at = None
             job.timing_out = True
             job.reason = TIME_LIMIT
@@ -186,7 +226,7 @@ class JobControl:
                 self.hooks.begin_pause(job, now)
                 actions.append(Preempt(job_id))
             self.hooks.log(now, stimulus, job, f"time limit of {job.spec.time_limit:g}s reached: checkpoint and stop")
-        return bool(due)
+        return bool(due or warned)
 
     # ---------------------------------------------------------------- hold, release, requeue (the events)
 
@@ -224,10 +264,29 @@ class JobControl:
         self.hooks.log(now, e.stimulus_id, job, "requeue asked: checkpoint, then queued again")
         return None
 
+    def on_forget(self, e: ev.JobsForgotten, now: float, actions: list[Action]) -> Trigger | None:
+        """Retention: ended jobs leave the state. A queued job's dependency a forgotten job met is dropped (met
+        once, met for good: a job's end is final); one it never will meet stays (unknown: never satisfied)."""
+        gone = {j for j in e.job_ids if j in self.state.jobs and self.state.jobs[j].state.is_terminal}
+        for job in self.state.jobs.values():
+            deps = job.spec.dependencies
+            if job.state.is_queued and any(d.job_id in gone for d in deps):
+                job.spec = replace(job.spec, dependencies=tuple(
+                    d for d in deps if d.job_id not in gone or not d.kind.met_by(self.state.jobs[d.job_id].state)))
+                self.hooks.changed(job.job_id)
+        for job_id in gone:
+            del self.state.jobs[job_id]
+            self.dependents.pop(job_id, None)
+        self.state.touch()
+        return None
+
 
 def _fmt_deps(spec: JobSpec, jobs: dict) -> str:
     out = []
     for d in spec.dependencies:
         target = jobs.get(d.job_id)
+        if d.kind is DependencyKind.SINGLETON:
+            out.append(d.kind.value)
+            continue
         out.append(f"{d.kind.value}:{d.job_id} ({target.state.value if target else 'unknown job'})")
     return ", ".join(out)

@@ -68,6 +68,7 @@ class DependencyKind(enum.Enum):
     AFTEROK = "afterok"
     AFTERANY = "afterany"
     AFTERNOTOK = "afternotok"
+    SINGLETON = "singleton"  # no job id: no other unfinished job of its user and name runs or is queued ahead
 
     def met_by(self, state: JobState) -> bool | None:
         """True: a job in `state` satisfies it; False: it never will; None: not yet (the job has not ended)."""
@@ -109,6 +110,8 @@ class JobSpec:
     plan: str | None = None  # the execution plan asked for (Rubick; meshsched.perf.plans string form)
     cpus: int | None = None  # CPU cores asked for in all (None: the node's share per GPU)
     memory_gb: float | None = None  # host memory asked for in all, GB (None: the node's share per GPU)
+    signal: int = 0  # sent to its ranks (SignalJob) signal_time seconds before each run's time limit (0: none)
+    signal_time: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.job_id:
@@ -125,6 +128,8 @@ class JobSpec:
             raise ValueError(f"job {self.job_id}: iterations must be >= 1, got {self.iterations}")
         if self.time_limit is not None and not self.time_limit > 0:
             raise ValueError(f"job {self.job_id}: time_limit must be > 0 seconds, got {self.time_limit}")
+        if self.signal < 0 or not self.signal_time >= 0:
+            raise ValueError(f"job {self.job_id}: signal must be >= 0 and signal_time >= 0 seconds")
         if self.array_limit < 0 or (self.array_limit and not self.array_id):
             raise ValueError(f"job {self.job_id}: array_limit needs an array_id and must be >= 0")
 
@@ -271,10 +276,16 @@ class Job:
     exec_pending: ExecConfig | None = None  # asked for by a Reconfigure, not yet reported applied
     deferred_until: float | None = None  # a preemption policy deferred its decision until then (Lazer)
     rank_step_times: tuple[float, ...] = ()  # latest per-rank step times reported (calibration reads them)
+    reported: tuple[float, float] | None = None  # (iterations, step time) as the job last reported them; None: never
     calibration: CalibrationMemo | None = None  # the calibration layer's memory of this job
     held: bool = False  # a user hold: not queued until released (Slurm's JobHeldUser)
     time_limit_at: float | None = None  # when its current run exceeds the spec's time limit
     timing_out: bool = False  # stopped by its time limit: its pause ends it as TIMEOUT, not queued again
+    avoid: frozenset[str] = frozenset()  # jobs it never shares a GPU with again: a GPU fault hit them together
+
+    def may_pair(self, other: Job) -> bool:
+        """Whether `other` may share a GPU with it (not a pair a GPU fault hit: meshsched.faults)."""
+        return other.job_id not in self.avoid and self.job_id not in other.avoid
 
     @property
     def job_id(self) -> str:
@@ -395,6 +406,20 @@ class ClusterState:
     version: int = 0  # bumped (by `touch`) on every change of who holds which GPU and on every event but a submit
     gpu_types: tuple[str, ...] = ()  # GPU types of the live nodes (kept by add_node / mark_lost)
     changes: deque = field(default_factory=lambda: deque(maxlen=CHANGE_LOG), repr=False, compare=False)
+    drained: set = field(default_factory=set)  # GPUs out of service (meshsched.drain): never free for a new job
+
+    def set_drained(self, gpus: set[int], drained: bool) -> None:
+        """Take GPUs out of service or give them back: a drained GPU never counts as free (every placement layer
+        reads `free_by_node`), and its node lists it after its other GPUs (so a free one is picked first)."""
+        self.drained = self.drained | gpus if drained else self.drained - gpus
+        for name in {self.gpus[g].node for g in gpus}:
+            node = self.nodes[name]
+            node.gpus.sort(key=lambda g: (g in self.drained, g))
+            self.free_by_node[name] = self._free_on(node) if node.alive else 0
+        self.touch()
+
+    def _free_on(self, node: Node) -> int:
+        return sum(1 for g in node.gpus if not self.gpus[g].jobs and g not in self.drained)
 
     def touch(self, job_id: str | None = None) -> None:
         """Bump `version`, noting the job whose GPUs or progress changed (None: anything may have changed)."""
@@ -421,7 +446,7 @@ class ClusterState:
             if node.alive:
                 raise ValueError(f"node {spec.name} already joined")
             node.alive = True
-            self.free_by_node[spec.name] = sum(1 for g in node.gpus if not self.gpus[g].jobs)
+            self.free_by_node[spec.name] = self._free_on(node)
             self._resize()
             self.touch()
             return node
@@ -459,7 +484,7 @@ class ClusterState:
             gpu = self.gpus[g]
             if len(gpu.jobs) >= MAX_JOBS_PER_GPU:
                 raise InvariantViolation(f"GPU {g} already holds {gpu.jobs}")
-            if not gpu.jobs:
+            if not gpu.jobs and g not in self.drained:
                 self.free_by_node[gpu.node] -= 1
             gpu.jobs.append(job_id)
 
@@ -468,7 +493,7 @@ class ClusterState:
         for g in gpus:
             gpu = self.gpus[g]
             gpu.jobs.remove(job_id)
-            if not gpu.jobs and self.nodes[gpu.node].alive:
+            if not gpu.jobs and self.nodes[gpu.node].alive and g not in self.drained:
                 self.free_by_node[gpu.node] += 1
 
     def validate(self) -> None:
@@ -519,6 +544,6 @@ class ClusterState:
         if (self.total_gpus, self.largest_node) != (sum(alive), max(alive, default=0)):
             fail(f"cached sizes {self.total_gpus}/{self.largest_node} do not match the live nodes")
         for name, node in self.nodes.items():
-            want = sum(1 for g in node.gpus if not self.gpus[g].jobs) if node.alive else 0
+            want = self._free_on(node) if node.alive else 0
             if self.free_by_node.get(name, 0) != want:
                 fail(f"node {name}: free count {self.free_by_node.get(name)} but {want} GPUs are free")

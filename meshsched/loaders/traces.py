@@ -69,6 +69,8 @@ class Trace:
     name: str
     jobs: tuple[JobSpec, ...]
     durations: tuple[float, ...]
+    origin: float | None = None  # the first job's arrival on the file's clock (None: no clock, a made workload)
+    load: float = 1.0  # arrivals on the file's clock were divided by this (TraceOptions.load)
 
 
 def load_trace(trace: str, perf: PerfModel, options: TraceOptions) -> Trace:
@@ -92,7 +94,7 @@ def load_trace(trace: str, perf: PerfModel, options: TraceOptions) -> Trace:
         spec, duration = synth.job(row, (row.submit - base) / load, draw)
         jobs.append(spec)
         durations.append(duration)
-    return Trace(name, tuple(jobs), tuple(durations))
+    return Trace(name, tuple(jobs), tuple(durations), base, load)
 
 
 def load_plan_trace(trace: str, perf: PlanPerfModel, opts: WorkloadOptions) -> list[JobSpec]:

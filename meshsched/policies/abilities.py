@@ -79,6 +79,13 @@ class KeepsShareLog(Protocol):
 
 
 @runtime_checkable
+class PlansStarts(Protocol):
+    """A plan layer that sets the plan and CPUs of each job the pass starts (the Start's exec)."""
+
+    def plan_start(self, view, start): ...
+
+
+@runtime_checkable
 class Periodic(Protocol):
     """A layer that decides once per `interval` seconds (None: on every event)."""
 

@@ -101,6 +101,8 @@ class GimbalCalibration:
         if job.state is not JobState.RUNNING:
             return []
         members = self._packing_members(view, job)
+        if any(_current(j).plan is not None for j in members):
+            return []  # a job under an execution plan (TP/PP/ZeRO) is the plan layer's, not a data-parallel share
         sig = tuple((j.job_id, j.gpus, j.spec.iterations) for j in members)  # a length declared later: search again
         measured = {j.job_id for j in members if _reports(j)}
         memo = job.calibration

@@ -49,6 +49,8 @@ class Entry:
     params: tuple[Param, ...] = ()
     needs_models: bool = False
     plan_models: bool = False  # allocates with the execution-plan model (replays plan-profile workloads)
+    plan_build: Callable[[dict, PolicyHandle], object] | None = None  # builds it as a plan layer (another
+    # placement holds the GPUs); a second placement name with this is the stack's plan layer
 
 
 _INTERVAL = Param("interval", float, "seconds between activations (also written NAME@SECONDS)")
@@ -148,6 +150,14 @@ def _rubick(args: dict, h: PolicyHandle):
     return Rubick(_plan_perf(h), VARIANTS[variant], _quotas(args.get("quotas", "")), name)
 
 
+def _rubick_plan(args: dict, h: PolicyHandle):
+    from meshsched.policies.rubick_plan import RubickPlans
+
+    plans = getattr(h.perf, "plans", None)  # a mixed model (meshsched.perf.mixed) carries its plan model
+    return RubickPlans(plans if isinstance(plans, PlanPerfModel) else _plan_perf(h),
+                       models=getattr(h.perf, "planned_models", None))
+
+
 def _plan_baseline(knobs_name: str):
     def build(args: dict, h: PolicyHandle):
         from meshsched.policies import rubick_baselines
@@ -164,7 +174,7 @@ POLICIES: dict[str, Entry] = {
                     (Param("variant", str, "full (default), e (plans only), r (resources only), n (neither)",
                            ("full", "e", "r", "n")),
                      Param("quotas", str, "guaranteed GPUs per tenant, TENANT=GPUS/TENANT=GPUS (default: none)")),
-                    plan_models=True),
+                    plan_models=True, plan_build=_rubick_plan),
     "sia": Entry("placement", _plan_baseline("sia"),
                  "Sia-like: elastic GPUs along the data-parallel size of the asked plan, CPUs as asked (Rubick's "
                  "baseline)", plan_models=True),
@@ -305,11 +315,29 @@ def make_policy(spec: str, handle: PolicyHandle | None = None) -> PolicyStack:
     layers = parse_policy(text)
     preempt = layers.get("preemption")
     handle = PolicyHandle() if handle is None else handle
-    built = {layer: _entry(n).build(args, handle) for layer, (n, args) in layers.items()}
+    built = {layer: _builder(layer, n)(args, handle) for layer, (n, args) in layers.items()}
     placement = built.get("placement")
     if placement is None:
         placement = _COMPANION[preempt[0]]({}, handle)
     return PolicyStack(text, placement, built.get("preemption"), built.get("calibration"), built.get("plan"))
+
+
+def _builder(layer: str, name: str):
+    entry = _entry(name)
+    return entry.plan_build if layer == "plan" and entry.layer != "plan" else entry.build
+
+
+def _plan_layer(spec: str, layers: dict, name: str, entry: Entry) -> str:
+    """The layer `name` takes beside `layers`: its own, or the plan layer when another placement holds the GPUs
+    (rubick after castor); a placement that can plan and came first moves to the plan layer instead."""
+    if entry.layer != "placement" or "placement" not in layers or "plan" in layers:
+        return entry.layer
+    if entry.plan_build is not None:
+        return "plan"
+    held = layers["placement"][0]
+    if _entry(held).plan_build is not None:
+        layers["plan"] = layers.pop("placement")
+    return entry.layer
 
 
 def parse_policy(spec: str) -> dict[str, tuple[str, dict]]:
@@ -322,11 +350,14 @@ def parse_policy(spec: str) -> dict[str, tuple[str, dict]]:
         if not item.strip():
             raise UnknownPolicy(f"policy {spec!r}: empty item around '+'")
         name, args = _parse_item(item.strip())
-        layer = _entry(name).layer
+        layer = _plan_layer(spec, layers, name, _entry(name))
         if layer in layers:
             raise UnknownPolicy(f"policy {spec!r}: {layers[layer][0]} and {name} are both {layer} policies; a stack "
                                 f"takes one per layer")
         layers[layer] = (name, args)
+    place = layers.get("placement")
+    if place is not None and "preemption" in layers and "plan" not in layers and _entry(place[0]).plan_build:
+        layers["plan"] = layers.pop("placement")  # lazer+rubick: plans over the preemption layer's own placement
     _check_layers(spec, layers)
     return layers
 
@@ -335,6 +366,10 @@ def _check_layers(spec: str, layers: dict[str, tuple[str, dict]]) -> None:
     place, preempt = layers.get("placement"), layers.get("preemption")
     if place is None and preempt is None:
         raise UnknownPolicy(f"policy {spec!r}: a stack needs a placement or preemption policy ({_known()})")
+    plan = layers.get("plan")
+    if plan is not None and place is not None and _entry(place[0]).plan_models:
+        raise UnknownPolicy(f"policy {spec!r}: {place[0]} picks execution plans itself; {plan[0]} as a plan layer "
+                            f"goes over a placement that does not (castor+{plan[0]})")
     if place is None and preempt[0] not in _COMPANION:
         raise UnknownPolicy(f"policy {spec!r}: {preempt[0]} brings no placement of its own; write PLACEMENT+{preempt[0]}")
     if place is not None and preempt is not None:
@@ -355,7 +390,12 @@ def needs_models(spec: str) -> bool:
 
 def needs_plan_models(spec: str) -> bool:
     """Whether a stack allocates with the execution-plan model (rubick, sia, synergy)."""
-    return any(_entry(n).plan_models for n, _ in parse_policy(spec).values())
+    return any(_entry(n).plan_models for layer, (n, _) in parse_policy(spec).items() if layer != "plan")
+
+
+def has_plan_layer(spec: str) -> bool:
+    """Whether a stack has a plan layer (rubick after another placement): it replays a mixed workload."""
+    return "plan" in parse_policy(spec)
 
 
 def stack_of(policy) -> PolicyStack:

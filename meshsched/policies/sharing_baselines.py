@@ -35,7 +35,7 @@ class SjfFfs(SharingScheduler):
         pair is feasible, not another user's under `one_user`), by node, in host order; kept per pass until a GPU
         is claimed. Hosts left out only for their user are kept under ("foreign", key)."""
         model_b = job.spec.model
-        key = (model_b, per_gpu, gpu_type, job.spec.user if self.one_user else None)
+        key = (model_b, per_gpu, gpu_type, job.spec.user if self.one_user else None, job.job_id if job.avoid else None)
         memo = ps.usable
         hit = memo.get(key)
         if hit is not None and hit[0] == len(ps.claimed):
@@ -114,10 +114,12 @@ class SjfFfs(SharingScheduler):
     def _only_foreign(self, ps: SharingPass, job: Job, per_gpu: int):
         """No placement: the pending reason names another user's job it would have shared with, if one was left out
         for its user (None otherwise)."""
-        if not self.one_user:
+        if not self.one_user and not job.avoid:
             return None
+        user = job.spec.user if self.one_user else None
         for gpu_type in ps.state.gpu_types:
-            foreign = ps.usable.get(("foreign", (job.spec.model, per_gpu, gpu_type, job.spec.user)))
+            foreign = ps.usable.get(("foreign", (job.spec.model, per_gpu, gpu_type, user,
+                                                 job.job_id if job.avoid else None)))
             if foreign:
                 return self.foreign_wait(job, foreign[0].job)
         return None

@@ -263,19 +263,23 @@ class SharingScheduler:
     # -- who may pair ------------------------------------------------------------------------------------
     def foreign(self, job: Job, host: Job) -> bool:
         """`job` may not share `host`'s GPUs: under `one_user` they belong to different users (an MPS server
-        serves one user per GPU at a time). Every sharing policy asks this of each partner it considers."""
-        return self.one_user and host.spec.user != job.spec.user
+        serves one user per GPU at a time), or a GPU fault hit the two together (`Job.may_pair`,
+        meshsched.faults). Every sharing policy asks this of each partner it considers."""
+        return (self.one_user and host.spec.user != job.spec.user) or not job.may_pair(host)
 
     def foreign_wait(self, job: Job, host: Job) -> Wait:
-        """The pending reason of a job whose only partners were other users' jobs."""
+        """The pending reason of a job whose only partners were other users' jobs (or jobs it faulted with)."""
+        if not job.may_pair(host):
+            return Wait(job.job_id, f"{self.name}: would share with {host.job_id}, which a GPU fault hit with it "
+                                    "(that pair is not formed again; waiting)")
         return Wait(job.job_id, f"{self.name}: would share with {host.job_id} of user {host.spec.user}, not "
                                 f"{job.spec.user}; under MPS a GPU serves one user at a time (waiting)")
 
     def _foreign_hosts(self, view, ps: SharingPass, job: Job) -> np.ndarray | None:
         """Which of the pass's hosts (`occ.hosts`' order) `job` may not pair with; None when it may pair with all."""
-        if not self.one_user:
+        if not self.one_user and not job.avoid:
             return None
-        user = job.spec.user
+        user = job.spec.user if not job.avoid else f"job {job.job_id}"  # a job with pairs to avoid: its own mask
         if user not in ps.foreign:
             mask = np.array([self.foreign(job, h.job) for h in self._hosts(view, ps)], dtype=bool)
             ps.foreign[user] = mask if mask.any() else None

@@ -18,9 +18,10 @@ from meshsched.perf.interference import Interference
 from meshsched.perf.model import PerfModel
 from meshsched.perf.mps_share import MpsShareModel
 from meshsched.perf.plans import PlanCatalog, PlanPerfModel
-from meshsched.policies.abilities import Admits, RemembersState
+from meshsched.policies.abilities import Admits, PlansStarts, RemembersState
 from meshsched.policies.base import (
-    CalibrationPolicy, ClusterView, Cycle, Decision, PlacementPolicy, PlanPolicy, PreemptionPolicy, Reconfigure, Trigger,
+    CalibrationPolicy, ClusterView, Cycle, Decision, Evict, PlacementPolicy, PlanPolicy, PreemptionPolicy, Reconfigure,
+    Start, Trigger,
 )
 from meshsched.state import Job
 
@@ -75,8 +76,16 @@ class PolicyStack:
         else:
             out = self.placement.place(view, cycle)
         if self.plan is not None:
-            out = list(out) + list(self.plan.replan(view, now))
+            out = self._with_plans(view, now, list(out))
         return out
+
+    def _with_plans(self, view: ClusterView, now: float, out: list[Decision]) -> list[Decision]:
+        """The plan layer's plans for the jobs the pass starts (`PlansStarts`), then its changes to running jobs
+        the pass leaves alone (not those it evicts or reconfigures)."""
+        if isinstance(self.plan, PlansStarts):
+            out = [self.plan.plan_start(view, d) if type(d) is Start else d for d in out]
+        busy = {d.job_id for d in out if type(d) in (Evict, Reconfigure)}
+        return out + [d for d in self.plan.replan(view, now) if d.job_id not in busy]
 
     def admission_error(self, view: ClusterView, spec) -> str | None:
         """Why the placement layer could never run `spec` (one line), or None (a layer without the check: None)."""

@@ -104,6 +104,7 @@ def simulate(
     after_event: Callable[[Engine], None] | None = None,
     progress: Callable[[int], None] | None = None,
     rules: SimRules = SimRules(),
+    events: Sequence[tuple[float, ev.Event]] = (),
 ) -> SimResult:
     """Replay `jobs` (sorted by submit_time) under `policy` until nothing is left to happen.
 
@@ -113,9 +114,13 @@ def simulate(
     calibration (default: the MPS-share model of the stack's calibration layer, if any).
     `rules` (meshsched.sim.rules) selects a published simulator's conventions; under a time step the policy
     gets one pass per step (ValueError for a periodic policy).
+    `events`: (time, event) pairs the operator says, such as `DrainChanged` (meshsched.loaders.events), each fed
+    to the engine at its time, before an arrival at the same time; a drain without a resume lasts to the end.
     """
     engine, world, gate = _start(policy, perf, cluster, interference, mps_share, rules)
     result = SimResult(engine, cluster, 0)
+    for at, said in sorted(events, key=lambda pair: pair[0]):  # stable: ties keep their order
+        world.push(at, said)
     next_arrival = 0
     if jobs:
         world.push(jobs[0].submit_time, ev.JobSubmitted(f"submit-{jobs[0].job_id}", jobs[0]))
@@ -140,7 +145,9 @@ def simulate(
         elif kind is ev.JobFinished:
             world.finished(event.job_id)
         if gate is not None:
-            gate.hold = world.next_time() == now  # more of this step follows: its pass comes with the last event
+            # more of this step follows: its pass comes with the last event (an operator's drain or resume comes
+            # first in its step, and a resume's pass runs at once: nothing after it in the step need carry one)
+            gate.hold = world.next_time() == now and kind is not ev.DrainChanged
             step_events = step_events + 1 if now == step_at else 1
             step_at = now
             if step_events > step_limit:

@@ -67,11 +67,9 @@ def plan_workload(rows: Sequence[TraceRow], perf: PlanPerfModel, opts: WorkloadO
     for n, row in enumerate(picked):
         model = rng.choice(models)
         spec = perf.profile(model).spec
-        gpus = _feasible_gpus(perf, model, min(row.gpus, opts.max_gpus), opts)
+        gpus = feasible_gpus(perf, model, min(row.gpus, opts.max_gpus), opts)
         duration = min(row.duration or 0.0, opts.max_hours * 3600.0) * row.gpus / gpus
-        plans = [p for p in candidate_plans(spec, gpus) if fits(spec, p, perf.env)
-                 and not (model in SMALL_MODELS and (p.tp > 1 or p.pp > 1))]
-        plan = rng.choice(plans)
+        plan = rng.choice(asked_plans(perf, model, gpus))
         step = iteration_time(perf.profile(model), plan, Resources(ideal_placement(gpus, opts.gpus_per_node),
                                                                      float(ASKED_CPUS_PER_GPU)), perf.env)
         guaranteed = rng.random() < opts.guaranteed_share
@@ -83,7 +81,15 @@ def plan_workload(rows: Sequence[TraceRow], perf: PlanPerfModel, opts: WorkloadO
     return jobs
 
 
-def _feasible_gpus(perf: PlanPerfModel, model: str, gpus: int, opts: WorkloadOptions) -> int:
+def asked_plans(perf: PlanPerfModel, model: str, gpus: int) -> list:
+    """The plans a job of `model` on `gpus` GPUs may ask for: those that fit, no TP/PP for the small models."""
+    spec = perf.profile(model).spec
+    return [p for p in candidate_plans(spec, gpus) if fits(spec, p, perf.env)
+            and not (model in SMALL_MODELS and (p.tp > 1 or p.pp > 1))]
+
+
+def feasible_gpus(perf: PlanPerfModel, model: str, gpus: int, opts: WorkloadOptions) -> int:
+    """`gpus` if a plan of `model` fits there, else the next larger count that has one, else the largest smaller."""
     spec = perf.profile(model).spec
 
     def ok(g: int) -> bool:

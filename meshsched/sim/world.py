@@ -38,7 +38,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from meshsched import events as ev
-from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer
+from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure, ScheduleTimer, SignalJob
 from meshsched.executor import check_handlers, dispatch
 from meshsched.perf.memory import pair_fits
 from meshsched.perf.mps_share import Partner
@@ -95,7 +95,8 @@ class SimWorld:
         self._due: dict[str, ev.IterationReport] = {}  # reports due now, one per job (the latest): take_reports()
         self._now = 0.0  # time of the last event popped
         self._handlers = {Launch: self._launch, Preempt: self._preempt, Kill: self._kill,
-                          Reconfigure: self._reconfigure, ScheduleTimer: self._timer, FitModel: self._fit}
+                          Reconfigure: self._reconfigure, ScheduleTimer: self._timer, FitModel: self._fit,
+                          SignalJob: lambda a, now: None}  # a simulated job has no process to signal
         check_handlers("SimWorld", self._handlers)
 
     @property
@@ -152,6 +153,9 @@ class SimWorld:
     def _solo(self, run: _Run) -> float:
         if run.exec is not None and run.exec.plan is not None:  # an execution plan (Rubick): the plan model
             return self._perf.plan_iteration_time(run.spec.model, run.exec, self._shape(run.gpus))
+        if run.spec.plan is not None and hasattr(self._perf, "plan_iteration_time"):  # no plan layer: as asked
+            asked = ExecConfig(1, plan=run.spec.plan, cpus_per_gpu=-(-run.spec.cpus // run.spec.gpus) if run.spec.cpus else None)
+            return self._perf.plan_iteration_time(run.spec.model, asked, self._shape(run.gpus))
         return self._perf.iteration_time(
             run.spec.model, self._gpu_type[run.gpus[0]], self._shape(run.gpus), run.micro_batch * run.accumulation,
             run.accumulation,
@@ -343,10 +347,11 @@ class SimWorld:
     def _calibration_applies(self, run: _Run) -> bool:
         if self._mps_share is None:
             return False
-        if is_calibrated(run.exec):
-            return True
         me = run.spec.job_id
-        return any(is_calibrated(self._runs[o].exec) for g in run.gpus for o in self._training.get(g, ()) if o != me)
+        others = [self._runs[o] for g in run.gpus for o in self._training.get(g, ()) if o != me]
+        if any(r.spec.plan is not None or (r.exec is not None and r.exec.plan is not None) for r in [run, *others]):
+            return False  # a job under an execution plan has no MPS-share model: interference as uncalibrated
+        return is_calibrated(run.exec) or any(is_calibrated(o.exec) for o in others)
 
     def _calibrated_step(self, run: _Run) -> float:
         """The slowest rank's step under the MPS-share model (see the module docstring)."""

@@ -21,6 +21,7 @@ MESSAGE_TYPES = ("hello", "report", "checkpoint", "ping", "result")  # job -> me
 RESULT_STATUSES = ("completed", "failed", "terminated", "preempted")  # how a supervisor says its job ended
 MAX_REASON = 4096  # characters of a result's reason
 REPLY_TYPES = ("ok", "error")  # meshd -> job; an "ok" may carry "directives" (list of maps with "kind")
+# an "ok" to a "result" frame carries "durable": False while meshd holds the end but cannot make it durable yet
 DEFAULT_ITERATIONS = 100  # a job's expected iterations when neither `mesh submit --iters` nor its script says
 MAX_NAME = 128  # characters of a job name or model name (they are columns of `mesh ls`)
 MAX_ENV_BYTES = 128 * 1024  # a job's exported environment, NAME=VALUE\0 counted (cli/jobs.py says it before sending)
@@ -86,7 +87,7 @@ def _result(msg: dict[str, Any]) -> None:
         raise ProtocolError(f"result: status must be one of {', '.join(RESULT_STATUSES)}")
     if not isinstance(msg.get("reason", ""), str) or len(msg.get("reason", "")) > MAX_REASON:
         raise ProtocolError(f"result: reason must be a string of at most {MAX_REASON} characters")
-    for key in ("exit_code", "rank"):
+    for key in ("exit_code", "rank", "restart"):  # restart (optional): the run that ended (LaunchSpec.restart)
         value = msg.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or abs(value) > 1 << 31):
             raise ProtocolError(f"result: {key} must be an integer or nil")

@@ -434,12 +434,12 @@ def test_hold_and_release_an_array_by_its_id(served, mesh, script):
     r = mesh("submit", script, "--array", "0-2", "--", "0")
     array = r.stdout.split()[3]
     assert mesh("hold", array).stdout.strip() == f"hold {array}: 3 task(s)"
-    assert mesh("ls", array).stdout.count("(JobHeldUser)") == 3
+    assert mesh("ls", array, "--array-unfold").stdout.count("(JobHeldUser)") == 3
     mesh("cancel", blocker)
     assert mesh("release", array).exit_code == 0
     poll(lambda: set(states(served, [f"{array}_{t}" for t in range(3)])) == {"COMPLETED"}, what="released tasks ran")
     r = mesh("release", array)
-    assert r.exit_code == 1 and "it is COMPLETED; it is not held" in r.stderr
+    assert r.exit_code == 1 and "it is COMPLETED; only a held job that has not ended can be released" in r.stderr
 
 
 def test_cancel_by_filters_and_signal_in_one_request(served, mesh, tmp_path):
@@ -486,7 +486,7 @@ def test_show_names_job_control_and_an_array_id_says_what_it_is(served, mesh, sc
     r = mesh("submit", script, "--array", "0-1", "--hold", "--time", "90", "-o", "/tmp/x-%j", "--", "0")
     array = r.stdout.split()[3]
     shown = mesh("show", f"{array}_1").stdout
-    for line in (f"array: {array} task 1", "time limit: 1:30:00", "held: yes", f"output: /tmp/x-{array}_1"):
+    for line in (f"array: {array} task 1", "time_limit: 1:30:00", "held: yes", f"stdout: /tmp/x-{array}_1"):
         assert line in shown, shown
     r = mesh("show", array)
     assert r.exit_code == 1 and f"{array} is an array of 2 tasks" in r.stderr

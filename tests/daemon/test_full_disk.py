@@ -10,6 +10,7 @@ one is the issue's scenario on a 2 MB tmpfs (skipped where mounting is not permi
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -210,7 +211,7 @@ from meshsched.daemon.supervisor import tell_meshd
 while not os.path.exists(sys.argv[1]):
     time.sleep(0.02)
 said = tell_meshd(os.environ["MESH_SOCKET"], os.environ["MESH_JOB_ID"], {"status": "failed", "reason": "forged"})
-print("forged result taken:", said)
+print("forged result taken:", bool(said))
 """
 
 
@@ -222,7 +223,8 @@ async def test_a_result_the_disk_refuses_reaches_meshd_over_the_job_socket(daemo
     flag.touch()
     await wait_for(lambda: rec.state in ("COMPLETED", "FAILED"), what="the end")
     assert (rec.state, rec.exit_code, rec.reason) == ("COMPLETED", 0, "")
-    assert not (Path(rec.job_dir) / "result.json").exists()
+    written = json.loads((Path(rec.job_dir) / "result.json").read_text())  # by meshd, with what it was told
+    assert (written["status"], written["exit_code"], written["restart"]) == ("completed", 0, 0)
     log = (Path(rec.job_dir) / "logs" / "rank0.log").read_text()
     assert "forged result taken: False" in log  # only the supervisor says how its job ended
     assert "cannot write result.json" in (Path(rec.job_dir) / "supervisor.log").read_text()
@@ -406,3 +408,127 @@ async def test_a_journal_whose_wal_filled_the_disk_writes_again_and_held_launche
     assert len(said) == 2 and "is full" in said[0] and "has space again" in said[1], said
     disk.close()
     j.close()
+
+
+# ------------------------------------------------------------------ an end only in meshd's memory (storage chaos, seed 3)
+
+
+JOB_ONCE = """import os, sys, time
+open(sys.argv[1], "a").write("run\\n")
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.parametrize("meshd_can_write", [True, False], ids=["meshd-writes-it", "disk-refuses-meshd-too"])
+async def test_an_end_only_in_meshds_memory_never_runs_the_job_twice(dirs, tmp_path, flaky, meshd_can_write):
+    """storage_chaos --jobs 10 --kills 4 --fills 3 --seed 3: a supervisor could not write result.json (the disk full
+    since before the job started), told meshd its result over the job socket, got `ok` and exited; meshd could not
+    journal the end either and was SIGKILLed before space returned; restarted, it found the record RUNNING, no
+    result.json and no supervisor, and ran the finished job again. Now meshd acknowledges the end only once it is
+    durable: it writes result.json itself, or, while its disk refuses that too, answers `durable: false` and the
+    supervisor stays; the restarted meshd adopts that live supervisor, is told again, and the job ends once."""
+    from meshsched.daemon.node import NodeDaemon
+
+    from tests.support.daemon import close_daemon
+
+    cfg = make_config(*dirs, gpus=1)
+    truth, flag = tmp_path / "truth", tmp_path / "flag"
+    d1 = NodeDaemon(cfg)
+    await d1.start()
+    rec = d1.submit(SubmitRequest(command=py(JOB_ONCE) + [str(truth), str(flag)], cwd=str(tmp_path), iterations=10),
+                    "u")
+    job_id, job_dir = rec.job_id, Path(rec.job_dir)
+    sup = 0
+    try:
+        await wait_for(lambda: rec.state == "RUNNING" and truth.exists(), what="the job running")
+        sup = rec.supervisor_pid
+        (job_dir / "result.json.tmp").unlink()  # no reserved slot: the supervisor's result.json is refused
+        (job_dir / "result.json.tmp").mkdir()
+        if not meshd_can_write:  # and so is meshd's
+            (job_dir / "result.json.meshd").mkdir()
+            (job_dir / "result.json.meshd" / "x").touch()
+        flaky[-1].full = True  # nor can meshd journal the end
+        flag.touch()
+        log = job_dir / "supervisor.log"
+        await wait_for(lambda: rec.state == "COMPLETED" or "meshd holds the result" in log.read_text(),
+                       what="the end told to meshd")
+        assert on_disk(cfg.journal_path)[job_id] == "RUNNING"  # the end is not in the journal
+    finally:
+        await d1.close()  # as a SIGKILL leaves it: what the journal kept in memory is lost (the disk is still full)
+    if not meshd_can_write:
+        remove(job_dir / "result.json.meshd")  # space again (the supervisor's own write still fails)
+    d2 = NodeDaemon(cfg)
+    await d2.start()
+    try:
+        got = d2.records[job_id]
+        await wait_for(lambda: got.state not in ("RUNNING", "LOADING", "PENDING"), what="the job's end")
+        assert (got.state, got.exit_code) == ("COMPLETED", 0)
+    finally:
+        await close_daemon(d2)
+        kill_sessions([sup])
+    assert truth.read_text().splitlines() == ["run"]  # it ran once
+    assert history_on_disk(cfg.journal_path, job_id).count("COMPLETED") == 1
+
+
+class HeldThenDurable:
+    """A job socket that answers a result frame `durable: false` `held` times, then `durable: true`."""
+
+    def __init__(self, path: Path, held: int) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(8)
+        self.held, self.told = held, 0
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        from meshsched.wire.protocol import FrameDecoder
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                decoder = FrameDecoder()
+                while not (msgs := decoder.feed(conn.recv(1 << 16))):
+                    pass
+                assert msgs[0]["type"] == "result" and msgs[0]["restart"] == 3
+                self.told += 1
+                conn.sendall(encode_frame({"type": "ok", "seq": None, "durable": self.told > self.held}))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _spec(tmp_path: Path, sock: Path):
+    from meshsched.daemon.supervisor import LaunchSpec
+
+    return LaunchSpec(job_id="1", command=["true"], cwd="/", env={}, local_gpus=[0], master_port=1, restart=3,
+                      socket=str(sock), checkpoint_dir=str(tmp_path), grace=1.0)
+
+
+def test_a_supervisor_waits_while_meshd_holds_its_end_without_making_it_durable(tmp_path, monkeypatch):
+    """A result meshd holds only in memory is not handed over: the supervisor offers it again, without a patience
+    limit while meshd answers, until meshd says it is durable."""
+    from meshsched.daemon import supervisor
+
+    monkeypatch.setattr(supervisor, "RESULT_RETRY", 0.01)
+    job_dir, sock = tmp_path / "job", short_dir() / "job.sock"
+    job_dir.mkdir()
+    (job_dir / "result.json.tmp").mkdir()  # result.json is refused
+    server = HeldThenDurable(sock, held=5)
+    try:
+        result = {"status": "completed", "rank": None, "exit_code": 0, "reason": ""}
+        assert supervisor.hand_over(job_dir, _spec(tmp_path, sock), result, patience=0.0)
+        assert server.told == 6
+        server.told, server.held = 0, 10**6  # held for ever: a SIGTERM (meshd stopping the job) ends the wait
+        assert not supervisor.hand_over(job_dir, _spec(tmp_path, sock), result, patience=0.0,
+                                        stopped=lambda: server.told >= 3)
+    finally:
+        server.close()
+        remove(sock.parent)

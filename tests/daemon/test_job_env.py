@@ -22,7 +22,8 @@ from meshsched.daemon.launcher import MESHD_VARS, exported
 from tests.support.daemon import kill_sessions, poll, remove, short_dir, start_meshd
 
 # meshd's own per-run variables besides MESHD_VARS (docs/daemon.md)
-ADDED = {"PYTHONUNBUFFERED", "MESH_GRACE_PERIOD", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"}
+ADDED = {"PYTHONUNBUFFERED", "MESH_GRACE_PERIOD", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+         "TORCH_NCCL_ASYNC_ERROR_HANDLING"}  # torchrun's default 1, where the submitter did not set it
 DUMP = f"#!{sys.executable}\nimport json, os, sys\nopen(sys.argv[1], 'w').write(json.dumps(dict(os.environ)))\n"
 # each run writes its environment to DIR/run<N>.json, then waits; SIGTERM (a requeue) -> the resumable exit
 RUNS = f"""#!{sys.executable}

@@ -41,6 +41,10 @@ def test_every_logged_event_survives_the_log():
         ev.ReconfigureApplied("s", "j", ExecConfig(micro_batch=16, accumulation=2, mps_percentage=50)),
         ev.TotalDeclared("s", "j", 40), ev.HoldRequested("s", "j"), ev.ReleaseRequested("s", "j"),
         ev.RequeueRequested("s", "j"), ev.JobSubmitted("s", spec, held=True),
+        ev.DrainChanged("s", "n2", (0, 3), True, "Xid 79", "root", 7.5),
+        ev.JobsForgotten("s", ("j", "n1.4")),
+        ev.GpuFault("s", 3, "n1.4", "illegal memory access"),
+        ev.GpuFault("s", 0),
     ]
     assert {type(e).__name__ for e in samples} == set(LOGGED)
     for event in samples:

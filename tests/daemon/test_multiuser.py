@@ -130,7 +130,9 @@ def test_two_users_jobs_run_as_themselves_and_stay_private(two_users, shared_mes
     assert root.call("GET", f"/v1/jobs/{a['job_id']}")["state"] == "RUNNING"  # still running
 
     # many jobs per call: bob's filters select among his own jobs only; naming hers is refused
-    assert call(bob, sock, "POST", "/v1/jobs/cancel", {"user": ann.pw_name})["jobs"] == []
+    with as_user(bob.pw_uid, bob.pw_gid), pytest.raises(ApiError) as exc:  # not "no job matched": not his to cancel
+        Client(sock).call("POST", "/v1/jobs/cancel", {"user": ann.pw_name})
+    assert exc.value.status == 404 and "not yours to cancel" in str(exc.value)
     with as_user(bob.pw_uid, bob.pw_gid), pytest.raises(ApiError) as exc:
         Client(sock).call("POST", "/v1/jobs/cancel", {"job_ids": [a["job_id"]], "signal": "USR1"})
     assert exc.value.status == 403

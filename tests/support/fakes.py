@@ -77,6 +77,14 @@ def fake_pynvml(count: int) -> types.ModuleType:
 FAKE_MPS_CONTROL = """#!{py}
 import json, os, sys
 line = sys.stdin.read() if "-d" not in sys.argv else ""
+pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
+dead = os.path.join(pipe, "dead")  # kill_mps_server: the GPU's daemon is gone, its socket left behind
+if "-d" in sys.argv:  # a new daemon: it listens on the pipe's control socket
+    open(os.path.join(pipe, "control"), "w").close()
+    if os.path.exists(dead):
+        os.unlink(dead)
+elif os.path.exists(dead):
+    sys.exit("Cannot connect to the MPS control daemon")
 with open({log!r}, "a") as fh:
     fh.write(json.dumps({{"argv": sys.argv[1:], "stdin": line.strip(),
         "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
@@ -87,7 +95,15 @@ if "-d" in sys.argv and os.environ.get("FAKE_MPS_LINGER") and os.fork() == 0:  #
     open(os.environ["FAKE_MPS_LINGER"], "w").write(str(os.getpid()))  # it keeps the inherited stdout open
     import time; time.sleep(30)
     os._exit(0)
-clients = os.path.join(os.environ["CUDA_MPS_PIPE_DIRECTORY"], "clients")  # the test writes the pids a server has
+clients = os.path.join(pipe, "clients")  # the test writes the pids a server has
 if line.startswith("get_client_list") and os.path.exists(clients):
     print(open(clients).read())
 """
+
+
+def kill_mps_server(pipe_dir) -> None:
+    """The stand-in's MPS daemon of the GPU whose pipe dir this is dies: every command to it fails until `-d`
+    starts a new one (as a real daemon that died leaves a control socket nobody answers on)."""
+    import pathlib
+
+    (pathlib.Path(pipe_dir) / "dead").write_text("")

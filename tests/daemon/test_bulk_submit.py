@@ -1,0 +1,142 @@
+"""Bulk submission (issue 22, point 8): an array is accepted in one journal transaction, whatever its size.
+
+The SQL meshd's journal runs is traced (sqlite3's trace callback on every connection opened during the test) and
+the statements one `Submission.submit` runs are counted: no timing is measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import pytest
+
+from tests.support.daemon import daemon_in_thread, make_config, remove, short_dir
+
+
+@pytest.fixture
+def traced(tmp_path, monkeypatch):
+    """(meshd in a thread, statements): every SQL statement its journal runs, in order."""
+    statements: list[str] = []
+    real = sqlite3.connect
+
+    def connect(*args, **kwargs):
+        db = real(*args, **kwargs)
+        db.set_trace_callback(statements.append)
+        return db
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    runtime = short_dir()
+    with daemon_in_thread(make_config(tmp_path / "state", runtime)) as (d, loop):
+        yield d, loop, statements
+    remove(runtime)
+
+
+def on_loop(loop, call):
+    """`call()` run on meshd's own thread (its journal is that thread's), its value returned."""
+
+    async def run():
+        return call()
+
+    return asyncio.run_coroutine_threadsafe(run(), loop).result(60)
+
+
+def submitted(d, loop, statements: list[str], tasks: int) -> list[list[str]]:
+    """Submit an array of `tasks` as the API does; the transactions (their statements) that submit committed."""
+    from meshsched.daemon.control import ControlRequest
+
+    from meshsched.wire.protocol import SubmitRequest
+
+    ctl, body = ControlRequest.split({"command": ["true"], "cwd": "/tmp", "gpus": 1, "env": {"A": "1"},
+                                      "export": "ALL", "array": f"0-{tasks - 1}", "hold": True})
+    before = len(statements)
+    recs = on_loop(loop, lambda: d.submission.submit(SubmitRequest.from_json(body), ctl, "tester"))
+    # (on meshd's thread, in one call: nothing else it does interleaves)
+    assert len(recs) == tasks
+    return transactions(statements[before:])
+
+
+def transactions(run: list[str]) -> list[list[str]]:
+    """The statements of each transaction committed in `run`, in order."""
+    out, current = [], None
+    for sql in run:
+        if sql.startswith("BEGIN"):
+            current = []
+        elif sql == "COMMIT":
+            out.append(current)
+            current = None
+        elif current is not None:
+            current.append(sql)
+    assert current is None, "a transaction left open"
+    return out
+
+
+def test_an_array_of_300_is_accepted_in_one_transaction_and_scheduled_in_one_more(traced):
+    d, loop, statements = traced
+    small = submitted(d, loop, statements, 3)
+    big = submitted(d, loop, statements, 300)
+    # the id, every task's record and its PENDING transition: one commit; their first scheduling pass: one more
+    assert len(big) == len(small) == 2, [len(t) for t in big]
+    accept = big[0]
+    assert sum("INSERT OR REPLACE INTO jobs" in s for s in accept) == 300
+    assert sum("INSERT INTO transitions" in s for s in accept) == 300
+    assert sum("next_seq" in s for s in accept) == 1  # the id is taken in the same transaction
+    assert [r.job_id for r in d.control.targets("2")][:2] == ["2_0", "2_1"] and len(d.control.targets("2")) == 300
+
+
+def test_ids_keep_counting_across_array_and_single_submits(traced):
+    from meshsched.wire.protocol import SubmitRequest
+
+    d, loop, statements = traced
+    submitted(d, loop, statements, 2)
+    one = on_loop(loop, lambda: d.submit(SubmitRequest(command=["true"], cwd="/tmp", iterations=10), "tester"))
+    submitted(d, loop, statements, 2)
+    assert one.job_id == "2" and "3_0" in d.records and "3_1" in d.records
+
+
+def one_submit(d, loop, statements: list[str]) -> list[list[str]]:
+    """One plain 1-GPU submit as the API makes it; the transactions (their statements) it committed."""
+    from meshsched.daemon.control import PLAIN
+
+    from meshsched.wire.protocol import SubmitRequest
+
+    req = SubmitRequest(command=["true"], cwd="/tmp", gpus=1, iterations=10, env={"A": "1"}, export="ALL")
+    before = len(statements)
+    on_loop(loop, lambda: d.submission.submit(req, PLAIN, "tester"))
+    return transactions(statements[before:])
+
+
+def test_a_submit_writes_the_same_whatever_the_queue_behind_a_busy_node(traced):
+    """Many shells submitting at once (issue 22 point 8): what meshd writes for one submit does not grow with the
+    jobs already queued (no pass that rewrites every pending record): the same statements with 3 or 207 waiting."""
+    import time
+
+    from meshsched.daemon.control import PLAIN, ControlRequest
+
+    from meshsched.wire.protocol import SubmitRequest
+
+    d, loop, statements = traced
+    hog = SubmitRequest(command=["sleep", "600"], cwd="/tmp", gpus=4, iterations=10)
+    blocker = on_loop(loop, lambda: d.submission.submit(hog, PLAIN, "tester"))[0].job_id
+    try:
+        deadline = time.monotonic() + 30
+        while d.records[blocker].state != "RUNNING":
+            assert time.monotonic() < deadline, d.records[blocker].state
+            time.sleep(0.05)
+        for _ in range(3):
+            one_submit(d, loop, statements)
+        few = one_submit(d, loop, statements)
+        ctl, body = ControlRequest.split({"command": ["true"], "cwd": "/tmp", "gpus": 1, "array": "0-199"})
+        on_loop(loop, lambda: d.submission.submit(SubmitRequest.from_json(body), ctl, "tester"))  # 200 more waiting
+        for _ in range(3):
+            one_submit(d, loop, statements)
+        many = one_submit(d, loop, statements)
+        assert sum(r.state == "PENDING" for r in d.records.values()) >= 207
+        shape = lambda txs: [[s.split("(")[0][:40] for s in tx] for tx in txs]
+        assert shape(many) == shape(few), (few, many)
+        assert sum("INSERT OR REPLACE INTO jobs" in s for tx in many for s in tx) == 2  # its record; its pass's
+    finally:
+        on_loop(loop, lambda: d.cancel(blocker))
+        deadline = time.monotonic() + 30
+        while d.records[blocker].state != "CANCELLED" and time.monotonic() < deadline:
+            time.sleep(0.05)
