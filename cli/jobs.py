@@ -197,9 +197,7 @@ def build_command(script: str, args: list[str], path_var: str = JOB_PATH) -> lis
             fail(f"script {script}: its #! line names no interpreter")
         return [*words, path, *args]
     if path.endswith(".py"):
-        import shutil
-
-        python = shutil.which("python3", path=path_var)
+        python = which("python3", path_var)
         if python is None:
             fail(f"no python3 on the job's PATH ({path_var}) to run {script}; activate the environment it needs, "
                  "or give the script a #! line")
@@ -208,6 +206,20 @@ def build_command(script: str, args: list[str], path_var: str = JOB_PATH) -> lis
         return ["/bin/sh", path, *args]
     fail(f"script {script} is not executable and has no #! line: `chmod +x {script}`, or start it with "
          "a line such as #!/bin/bash")
+
+
+def which(name: str, path_var: str) -> str | None:
+    """The first executable `name` (not a directory) in the directories of `path_var`, as shutil.which finds it
+    on POSIX, without importing shutil (it brings bz2, lzma, fnmatch: ~4 ms of every submit)."""
+    seen = set()
+    for directory in path_var.split(os.pathsep) if path_var else ():
+        if directory in seen:
+            continue
+        seen.add(directory)
+        candidate = os.path.join(directory, name)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return None
 
 
 def _out(lines: list[str]) -> None:

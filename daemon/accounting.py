@@ -32,7 +32,8 @@ def row_of(rec: JobRecord, nodes: list[str]) -> dict:
         "job_id": rec.job_id, "user": rec.user, "uid": rec.uid, "tenant": rec.tenant, "name": rec.name,
         "state": rec.state, "exit_code": rec.exit_code, "submit": rec.submit_time, "start": rec.start_time,
         "end": rec.end_time, "gpus": rec.gpus, "gpu_seconds": round(seconds, 3),
-        "gpu_hours": round(seconds / 3600, 6), "restarts": rec.restarts, "nodes": nodes,
+        "gpu_hours": round(seconds / 3600, 6), "restarts": max(0, rec.restarts - 1),  # the record counts launches
+        "nodes": nodes,
     }
 
 

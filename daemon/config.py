@@ -24,7 +24,7 @@ Defaults (documented in docs/daemon.md):
   checkpoint_root  unset: a job's checkpoints live in its job dir; set it to storage every node mounts (a
                  mesh) and a job requeued to another node resumes from its checkpoint there
   [coordinator]  a table of its own (CoordinatorConfig; or MESHD_COORDINATOR_<KEY>): `local` (default) or `etcd`, see
-                 docs/coordinator.md
+                 docs/coordinator.md; snapshot_entries / snapshot_bytes: how often the mesh's leader snapshots
   node_cpus      0 = the CPUs meshd may run on (its affinity mask, else os.cpu_count()); N: the node's total
   node_memory_gb 0 = /proc/meminfo's MemTotal (GiB); X: the node's total
   reserved_cpus / reserved_memory_gb
@@ -78,6 +78,8 @@ class CoordinatorConfig:
     loop_wait: float = 10.0  # seconds between keepalives (and between leader-loop rounds)
     retry_timeout: float = 10.0  # seconds one store operation may retry before it gives up
     prefix: str = "/meshsched"  # every key of this mesh lives under it
+    snapshot_entries: int = 1000  # the leader writes a snapshot every so many log entries (0: not by count)
+    snapshot_bytes: int = 8 * 2**20  # ... or every so many bytes of log entries (0: not by size); both 0: never
 
     def validate(self) -> CoordinatorConfig:
         if self.backend not in COORDINATOR_BACKENDS:
@@ -92,6 +94,9 @@ class CoordinatorConfig:
                 raise ConfigError(f"coordinator.endpoints: {url!r} is not http(s)://HOST:PORT")
         if not self.prefix.startswith("/") or self.prefix.endswith("/") or "//" in self.prefix:
             raise ConfigError(f"coordinator.prefix must look like /name, got {self.prefix!r}")
+        for key in ("snapshot_entries", "snapshot_bytes"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"coordinator.{key} must be >= 0 (0: off), got {getattr(self, key)}")
         return self
 
     @classmethod
@@ -107,7 +112,7 @@ class CoordinatorConfig:
                 if key == "endpoints":
                     items = value.split(",") if isinstance(value, str) else list(value)
                     parsed[key] = tuple(str(u).strip().rstrip("/") for u in items if str(u).strip())
-                elif key == "ttl":
+                elif key in ("ttl", "snapshot_entries", "snapshot_bytes"):
                     if isinstance(value, bool) or float(value) != int(float(value)):
                         raise ValueError
                     parsed[key] = int(float(value))

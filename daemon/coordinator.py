@@ -123,6 +123,8 @@ class Coordinator(Protocol):
 
     async def delete(self, key: str, term: int | None = None) -> bool: ...
 
+    async def delete_range(self, start: str, end: str, term: int | None = None) -> int: ...
+
     async def list(self, prefix: str = "") -> Listing: ...
 
     def watch(self, prefix: str = "", since: int | None = None) -> AsyncIterator[Change]: ...
@@ -233,6 +235,14 @@ class LocalCoordinator:
             return False
         self._change(ChangeKind.DELETE, key, None)
         return True
+
+    async def delete_range(self, start: str, end: str, term: int | None = None) -> int:
+        self._fence(term)
+        doomed = [k for k in self._records if check_key(start) <= k < check_key(end)]
+        for key in doomed:
+            del self._records[key]
+            self._change(ChangeKind.DELETE, key, None)
+        return len(doomed)
 
     async def list(self, prefix: str = "") -> Listing:
         return Listing({k: v for k, v in sorted(self._records.items()) if k.startswith(prefix)}, self._revision)

@@ -48,6 +48,9 @@ class EngineLoop:
         self._dispatching = False
         self._stimulus = itertools.count(1)
         self.disk = DiskWatch(journal)  # a full disk: writes kept and retried, new launches held
+        # job -> its record's values (JobRecord.values) as just journaled (Submission): its first pass puts it only
+        # if the pass changed it (an array on a busy cluster is written once, not twice)
+        self.clean: dict[str, tuple] = {}
 
     def sid(self, kind: str) -> str:
         """A new stimulus id."""
@@ -126,7 +129,8 @@ class EngineLoop:
             LOG.info("job %s (%s): %s -> %s%s", job_id, rec.name, old, rec.state, why)
             if job.state.is_terminal:  # its accounting row, in this transaction
                 self.accounted(rec)
-        self.journal.put(rec)
+        if (clean := self.clean.pop(job_id, None)) is None or clean != rec.values():  # (clean and left as it was: not)
+            self.journal.put(rec)
 
     def _journal_memory(self) -> None:
         layer = self.engine.policy.remembers()

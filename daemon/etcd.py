@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-
 from meshsched.daemon.config import CoordinatorConfig
 from meshsched.daemon.coordinator import (
     Change,
@@ -535,6 +534,17 @@ class EtcdCoordinator:
         if not data.get("succeeded"):
             raise await self._refuse(term)
         return int(data["responses"][0]["response_delete_range"].get("deleted", 0)) > 0
+
+    async def delete_range(self, start: str, end: str, term: int | None = None) -> int:
+        """Delete every record with start <= key < end (one request; fenced by `term` when given); how many."""
+        request = {"key": _b64(self._records_prefix + check_key(start)),
+                   "range_end": _b64(self._records_prefix + check_key(end))}
+        if term is None:
+            return int((await self._gateway.call("/v3/kv/deleterange", request)).get("deleted", 0))
+        data = await self._gateway.call("/v3/kv/txn", self._fenced(term, {"request_delete_range": request}))
+        if not data.get("succeeded"):
+            raise await self._refuse(term)
+        return int(data["responses"][0]["response_delete_range"].get("deleted", 0))
 
     async def list(self, prefix: str = "") -> Listing:
         full = self._records_prefix + prefix

@@ -10,9 +10,10 @@ other nodes need to launch it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import typing
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 
 from meshsched import events as ev
 from meshsched.state import Dependency, DependencyKind, ExecConfig, JobSpec, NodeSpec
@@ -140,19 +141,23 @@ class Snapshot:
     records: dict  # job -> the record payload its JobSubmitted entry carried (`mesh_node.record_payload`)
     last_seq: dict  # node -> newest proposal sequence applied
     addresses: dict  # node -> address
+    submitted: dict = field(default_factory=dict)  # node -> highest job seq (`NODE.SEQ`) the log has submitted
 
     def to_json(self) -> str:
         return json.dumps({"i": self.index, "engine": self.engine, "rec": self.records, "seq": self.last_seq,
-                           "addr": self.addresses}, separators=(",", ":"))
+                           "addr": self.addresses, "sub": self.submitted}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Snapshot:
         try:
             d = json.loads(text)
-            snap = cls(int(d["i"]), d["engine"], d["rec"], d["seq"], d["addr"])
+            if "broken" in d:  # join_snapshots: its parts do not make the snapshot its head names
+                raise ValueError(d["broken"])
+            snap = cls(int(d["i"]), d["engine"], d["rec"], d["seq"], d["addr"], d.get("sub", {}))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise LogError(f"unreadable snapshot: {type(exc).__name__}: {exc}") from None
-        if not all(isinstance(v, dict) for v in (snap.engine, snap.records, snap.last_seq, snap.addresses)):
+        if not all(isinstance(v, dict) for v in (snap.engine, snap.records, snap.last_seq, snap.addresses,
+                                                 snap.submitted)):
             raise LogError("unreadable snapshot: a part of it is not a mapping")
         return snap
 
@@ -182,3 +187,38 @@ def compactable(log_keys: typing.Iterable[str], snapshot_keys: typing.Iterable[s
         return [], []
     keep_from = index_of(snaps[-2])
     return [k for k in log_keys if index_of(k) <= keep_from], snaps[:-2]
+
+
+# A snapshot is written in parts (`snapshot-parts/{index}/{n}`), then a small head (`snapshots/{index}`) naming how
+# many: etcd refuses a request over --max-request-bytes (1.5 MiB by default) and a snapshot of 10,000 jobs is 11 MB.
+SNAPSHOT_PARTS = "snapshot-parts/"
+PART_CHARS = 512 * 1024  # ASCII JSON: one part is 512 KiB, 683 KiB in base64, well under etcd's limit
+
+
+def part_key(index: int, part: int) -> str:
+    return f"{SNAPSHOT_PARTS}{index:012d}/{part:04d}"
+
+
+def split_snapshot(snap: Snapshot) -> tuple[dict[str, str], str]:
+    """The parts (key -> text) and the head to write after them."""
+    text = snap.to_json()
+    parts = {part_key(snap.index, n): text[at:at + PART_CHARS] for n, at in enumerate(range(0, len(text), PART_CHARS))}
+    return parts, json.dumps({"parts": len(parts), "sha256": hashlib.sha256(text.encode()).hexdigest()})
+
+
+def join_snapshots(heads: dict[str, str], parts: dict[str, str]) -> dict[str, str]:
+    """`snapshots/{index}` -> the snapshot's text put together from its parts, for `load_newest` (a head that does
+    not read, or parts missing or damaged, gives a text that does not decode: refused there in one line)."""
+    out = {}
+    for key, head in heads.items():
+        try:
+            d = json.loads(head)
+            count, digest = int(d["parts"]), str(d["sha256"])
+        except (KeyError, TypeError, ValueError):
+            out[key] = head
+            continue
+        text = "".join(parts.get(part_key(index_of(key), n), "") for n in range(count))
+        if hashlib.sha256(text.encode()).hexdigest() != digest:
+            text = json.dumps({"broken": f"its {count} part(s) are missing or damaged (checksum)"})
+        out[key] = text
+    return out

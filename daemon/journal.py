@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -135,12 +136,18 @@ class JobRecord:
         lists and dicts): a 300-task array is 600 of these."""
         return json.dumps({f: getattr(self, f) for f in _RECORD_FIELDS}, separators=(",", ":"))
 
+    def values(self) -> tuple:
+        """Every field's value in declaration order: a cheap snapshot, equal to a later one while the record's JSON
+        is the same, unless a list or dict it holds was changed in place (meshd assigns new ones)."""
+        return _VALUES(self)
+
     @classmethod
     def from_json(cls, text: str) -> JobRecord:
         return cls(**json.loads(text))
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(JobRecord))  # JobRecord.to_json's keys, in declaration order
+_VALUES = operator.attrgetter(*_RECORD_FIELDS)  # JobRecord.values
 
 
 class JournalError(RuntimeError):

@@ -8,7 +8,10 @@ timer. A new leader needs no rebuild: it has applied the same log. Local-first: 
 gone, jobs keep running, proposals wait in an outbox (submits are in the node's journal before they are
 acknowledged and are proposed again after a restart), and everything flows once there is a leader again.
 The leader declares a node lost (the engine requeues its jobs) once its member entry has been gone for
-`node_grace` seconds.
+`node_grace` seconds. Every `snapshot_entries` entries or `snapshot_bytes` bytes of log the leader writes a
+snapshot (`snapshots/{index}`: the engine's state and meshd's beside it) and deletes the log entries up to the
+previous snapshot and every snapshot older than that; a starting node loads the newest snapshot that decodes
+(one it cannot read is refused in one line and the next older tried) and replays only the entries after it.
 """
 
 from __future__ import annotations
@@ -21,11 +24,31 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from meshsched import events as ev
 from meshsched.daemon.config import CoordinatorConfig
-from meshsched.daemon.coordinator import Coordinator, CoordinatorError, ChangeKind, Member, StaleTerm
-from meshsched.daemon.eventlog import Entry, LogError, index_of, log_key
+from meshsched.daemon.coordinator import (
+    ChangeKind,
+    Coordinator,
+    CoordinatorError,
+    Member,
+    StaleTerm,
+)
+from meshsched.daemon.eventlog import (
+    SNAPSHOT_PARTS,
+    SNAPSHOTS,
+    Entry,
+    LogError,
+    Snapshot,
+    index_of,
+    join_snapshots,
+    load_newest,
+    log_key,
+    part_key,
+    snapshot_key,
+    split_snapshot,
+)
 from meshsched.daemon.mesh_node import MeshReplica
+
+from meshsched import events as ev
 from meshsched.state import Node
 
 LOG = logging.getLogger("meshd.mesh")
@@ -69,6 +92,10 @@ class MeshLink:
         self._timer_action = None  # the engine's latest ScheduleTimer: the leader arms it
         self._last_error = ""
         self.addresses = ctx.addresses  # node -> where its ranks are reached (from its NodeJoined entry)
+        self.snapshot_index = 0  # the newest snapshot this node loaded or wrote
+        self.snapshots_written = 0
+        self._since_snapshot = [0, 0]  # entries and bytes applied since the newest snapshot
+        self._snapshot_off = False  # the stack cannot be snapshotted (said once)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -126,10 +153,34 @@ class MeshLink:
     # ---------------------------------------------------------------- the log
 
     async def _catch_up(self) -> int:
+        """Apply what the log holds past this node's position; at start, from the newest snapshot that loads. The
+        log is listed first: compaction deletes only entries up to a snapshot older than the newest."""
         listing = await self.coord.list("log/")
-        for key in sorted(listing.items, key=index_of):
+        if self.position == 0:
+            await self._load_snapshot()
+        keys = sorted((k for k in listing.items if index_of(k) > self.position), key=index_of)
+        if keys and index_of(keys[0]) > self.position + 1:
+            LOG.error("mesh: the log starts at entry %d, past this node's position %d (compacted while this node "
+                      "lagged): restart meshd to load the newest snapshot", index_of(keys[0]), self.position)
+        for key in keys:
             self._apply_text(index_of(key), listing.items[key])
         return listing.revision
+
+    async def _load_snapshot(self) -> None:
+        heads = await self.coord.list(SNAPSHOTS)
+        if not heads.items:
+            return
+        texts = join_snapshots(heads.items, (await self.coord.list(SNAPSHOT_PARTS)).items)
+        found = load_newest(texts, lambda snap: self.replica.load_snapshot(snap, self.durable),
+                            lambda line: LOG.error("mesh: %s", line))
+        if found is None:
+            LOG.error("mesh: no snapshot loads: replaying the whole log")
+            return
+        snap = found[0]
+        self.position = self.snapshot_index = snap.index
+        self._last_seq.update(snap.last_seq)
+        self.addresses.update(snap.addresses)
+        LOG.info("mesh: loaded the snapshot at log entry %d", snap.index)
 
     async def _follow(self, revision: int) -> None:
         while True:
@@ -167,6 +218,48 @@ class MeshLink:
             self.addresses[entry.event.node.name] = entry.event.node.address
         self.replica.apply_entry(entry, index, act=index > self.durable)
         self.durable = max(self.durable, index)
+        self._since_snapshot[0] += 1
+        self._since_snapshot[1] += len(text)
+        if self.term is not None and self._snapshot_due():
+            self._take_snapshot(self.term)
+
+    # ---------------------------------------------------------------- snapshots (leader only)
+
+    def _snapshot_due(self) -> bool:
+        entries, size = self.config.snapshot_entries, self.config.snapshot_bytes
+        return not self._snapshot_off and (0 < entries <= self._since_snapshot[0] or 0 < size <= self._since_snapshot[1])
+
+    def _take_snapshot(self, term: int) -> None:
+        """The engine as it stands after entry `position` (taken now, between two entries), then written and the
+        log compacted in the background."""
+        try:
+            snap = self.replica.snapshot(self.position, self._last_seq, self.addresses)
+        except ValueError as exc:  # SnapshotError: a stack that cannot be snapshotted keeps the full log
+            self._snapshot_off = True
+            LOG.warning("mesh: no snapshots: %s", exc)
+            return
+        self._since_snapshot = [0, 0]
+        self._spawn(self._store_snapshot(term, snap, self.snapshot_index))
+
+    async def _store_snapshot(self, term: int, snap: Snapshot, previous: int) -> None:
+        """Write the snapshot, fenced by `term`; then delete the log up to the previous snapshot and the snapshots
+        older than it (`eventlog.compactable`'s rule: a node that cannot read the newest falls back to the
+        previous one and still finds every entry after it)."""
+        try:
+            parts, head = split_snapshot(snap)
+            for key, text in parts.items():
+                await self.coord.put(key, text, term=term)
+            await self.coord.put(snapshot_key(snap.index), head, term=term)
+            self.snapshots_written += 1  # only a written one is the next one's `previous`
+            self.snapshot_index = max(self.snapshot_index, snap.index)
+            if previous > 0:
+                dropped = await self.coord.delete_range(log_key(0), log_key(previous + 1), term=term)
+                await self.coord.delete_range(snapshot_key(0), snapshot_key(previous), term=term)
+                await self.coord.delete_range(part_key(0, 0), part_key(previous, 0), term=term)
+                LOG.info("mesh: snapshot at entry %d written; %d log entries up to %d compacted", snap.index,
+                         dropped, previous)
+        except CoordinatorError as exc:  # StaleTerm included: the next leader writes the next one
+            LOG.warning("mesh: writing the snapshot at entry %d: %s", snap.index, exc)
 
     # ---------------------------------------------------------------- proposals
 
@@ -231,7 +324,7 @@ class MeshLink:
         """Copy proposals into the log, in order, each write fenced by `term`."""
         try:
             listing = await self.coord.list("log/")
-            following = max((index_of(k) for k in listing.items), default=0)
+            following = max((index_of(k) for k in listing.items), default=self.snapshot_index)
             while self.position < following:  # apply what the last leader wrote before deciding anything
                 await asyncio.sleep(0.01)
             self.rearm()
@@ -302,5 +395,6 @@ class MeshLink:
     def view(self) -> dict:
         return {"backend": self.config.backend, "leader": self.leader, "term": self.term, "synced": self.synced,
                 "log_position": self.position, "outbox": len(self._outbox), "leaderships": self.leaderships,
-                "led_since": self.led_since, "first_decision": self.first_decision}
+                "led_since": self.led_since, "first_decision": self.first_decision,
+                "snapshot_index": self.snapshot_index, "snapshots_written": self.snapshots_written}
 

@@ -18,12 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from meshsched import events as ev
 from meshsched.daemon.config import DaemonConfig
 from meshsched.daemon.engine_loop import EngineLoop
+from meshsched.daemon.eventlog import Snapshot
 from meshsched.daemon.journal import TERMINAL, JobRecord, Journal
 from meshsched.daemon.launcher import Launcher, Outcome, read_outcome
+from meshsched.daemon.mirror import mirror
 from meshsched.daemon.runs import LocalRuns
+
+from meshsched import events as ev
+from meshsched import snapshot
+from meshsched.actions import ScheduleTimer
 from meshsched.engine import Engine
 from meshsched.state import JobState, NodeSpec
 
@@ -45,12 +50,16 @@ class ReplicaContext:
     post: Callable[[JobRecord], None]  # a journaled submit to the leader (daemon.submission)
     node_spec: Callable[[str], NodeSpec]  # this node as the engine accounts it, with the address it is reached at
     notify: Callable[[str], None]  # a line for systemd
+    fresh_engine: Callable[[], Engine] | None = None  # an engine of the same stack (a snapshot is tried in one)
 
 
 class MeshReplica:
     def __init__(self, ctx: ReplicaContext) -> None:
         self.ctx = ctx
         self._pending_outcomes: list[tuple[str, Outcome, bool]] = []  # exits found at start, proposed once synced
+        self._pending_runs: dict[str, int] = {}  # job -> the run whose exit was found at start
+        self.submitted: dict[str, int] = {}  # node -> highest job seq (`NODE.SEQ`) the log has submitted
+        self.behind: dict[str, int] | None = None  # (loaded a snapshot past this node's journal) see _reconcile
 
     def recover_local_runs(self) -> None:
         """Before the log is replayed: every job record this node kept, and its supervisors re-adopted; the exits
@@ -64,6 +73,7 @@ class MeshReplica:
                     continue
                 c.runs.kill_leftovers(rec)
                 self._pending_outcomes.append((rec.job_id, read_outcome(Path(rec.job_dir)), rec.pausing))
+                self._pending_runs[rec.job_id] = rec.restarts
             elif Path(rec.job_dir).exists():
                 c.runs.reap_orphan(rec)
 
@@ -73,6 +83,7 @@ class MeshReplica:
         c = self.ctx
         e, jobs = entry.event, c.engine.state.jobs
         if isinstance(e, ev.JobSubmitted):
+            self._note_submitted(e.spec.job_id)
             if e.spec.job_id in jobs:
                 return self._skip(index)
             if e.spec.job_id not in c.records and entry.record is not None:
@@ -97,11 +108,15 @@ class MeshReplica:
         """The log is replayed: join (again), report what ended meanwhile, hand over unsent submits and cancels."""
         c = self.ctx
         state, sid, runs = c.engine.state, c.loop.sid, c.runs
+        if self.behind is not None:
+            self._reconcile(self.behind)
         node = state.nodes.get(c.config.node_name)
         if node is None or not node.alive:
             c.loop.input(ev.NodeJoined(sid("join"), c.node_spec(c.config.mesh_address or c.config.node_name)))
         for job_id, outcome, pausing in self._pending_outcomes:
             job = state.jobs.get(job_id)
+            if self.behind is not None and job is not None and job.restarts != self._pending_runs.get(job_id):
+                continue  # the exit of a run the skipped entries had already moved on from
             if job is not None and job.state.holds_gpus and runs.rank0_here(job_id, running=False):
                 if outcome.status in ("lost", "terminated") and not pausing:
                     event = ev.JobFailed(sid("recover"), job_id, "meshd restarted and the job's processes were "
@@ -116,12 +131,91 @@ class MeshReplica:
                 c.loop.input(ev.JobStarted(sid("spawned"), job_id), run)
         for rec in c.records.values():
             if rec.job_id not in state.jobs and rec.state == "PENDING" and rec.job_id.startswith(
-                    f"{c.config.node_name}."):
+                    f"{c.config.node_name}.") and not self._logged(rec.job_id):
                 c.post(rec)  # never logged
             job = state.jobs.get(rec.job_id)
             if rec.cancel_proposed and job is not None and not job.state.is_terminal:  # it may have died in the outbox
                 c.loop.input(ev.CancelRequested(sid("cancel"), rec.job_id))
         self.stop_released([j for j in runs.launched if c.launcher.running(j)])
+
+    # ---------------------------------------------------------------- snapshots (daemon.mesh writes and loads them)
+
+    def _note_submitted(self, job_id: str) -> None:
+        node, _, seq = job_id.rpartition(".")
+        if node and seq.isdigit() and int(seq) > self.submitted.get(node, -1):
+            self.submitted[node] = int(seq)
+
+    def _logged(self, job_id: str) -> bool:
+        """(after a snapshot past this node's journal) the log submitted this job (it may have been forgotten
+        since: posting it again would run it twice)."""
+        node, _, seq = job_id.rpartition(".")
+        return self.behind is not None and seq.isdigit() and int(seq) <= self.submitted.get(node, -1)
+
+    def snapshot(self, index: int, last_seq: dict, addresses: dict) -> Snapshot:
+        """The mesh's state after entry `index` (this engine must have applied exactly that far); SnapshotError
+        (one line) where the stack cannot be snapshotted."""
+        c = self.ctx
+        why = snapshot.refusal(c.engine)
+        if why is not None:
+            raise snapshot.SnapshotError(why)
+        records = {j: record_payload(c.records[j]) for j in c.engine.state.jobs if j in c.records}
+        return Snapshot(index, snapshot.encode(c.engine), records, dict(last_seq), dict(addresses),
+                        dict(self.submitted))
+
+    def load_snapshot(self, snap: Snapshot, durable: int) -> None:
+        """Fill the (fresh) engine from `snap`: decoded into a scratch engine and its records read first, so one
+        that does not decode (SnapshotError, one line) leaves meshd's engine untouched; then the job records it
+        carries. `durable`: how far this node's journal had carried out the log; a snapshot past it skipped
+        entries this node never acted on (`_reconcile` once the log is replayed)."""
+        c = self.ctx
+        if c.fresh_engine is not None:
+            snapshot.decode(snap.engine, c.fresh_engine())
+        known, new = {f.name for f in fields(JobRecord)}, {}
+        for job_id, payload in snap.records.items():
+            if job_id not in c.records:
+                try:
+                    data = {k: v for k, v in payload.items() if k in known}
+                    new[job_id] = JobRecord(**dict(data, job_dir=str(c.config.jobs_dir / job_id)))
+                except (TypeError, AttributeError) as exc:
+                    raise snapshot.SnapshotError(f"job record {job_id}: {exc}") from None
+        try:
+            submitted = {str(k): int(v) for k, v in snap.submitted.items()}
+        except (TypeError, ValueError) as exc:
+            raise snapshot.SnapshotError(f"submitted: {exc}") from None
+        snapshot.decode(snap.engine, c.engine)
+        c.records.update(new)
+        self.submitted.update(submitted)
+        now = time.time()
+        with c.journal.batch():
+            for job_id in snap.records:
+                job = c.engine.state.jobs.get(job_id)
+                if job is not None:
+                    mirror(c.records[job_id], job, now)
+                    c.journal.put(c.records[job_id])
+        if c.engine.timers.at is not None:  # the leader arms the engine's one timer
+            c.loop.handlers[ScheduleTimer](ScheduleTimer(c.engine.timers.at, c.engine.timers.key))
+        if snap.index > durable:
+            state, me = c.engine.state, c.config.node_name
+            self.behind = {j: job.restarts for j, job in state.jobs.items()
+                           if job.state.holds_gpus and any(state.gpus[g].node == me for g in job.gpus)}
+
+    def _reconcile(self, placed: dict[str, int]) -> None:
+        """This node's journal was behind the snapshot it loaded: the entries in between were never carried out
+        here. A local run the mesh has moved on from (its job ended, requeued, or started again) is stopped; a job
+        the skipped entries started here (`placed`: job -> run) whose ranks never launched goes back to the queue."""
+        c = self.ctx
+        state = c.engine.state
+        for job_id, run in list(c.runs.launched.items()):
+            job = state.jobs.get(job_id)
+            moved = job is None or not job.state.holds_gpus or job.restarts != run
+            if moved and c.launcher.running(job_id) and job_id not in c.runs.restart_for:
+                LOG.info("job %s: the mesh moved on from this run while meshd was down; stopping its ranks", job_id)
+                c.launcher.stop(job_id, c.config.kill_grace)
+        for job_id, run in placed.items():
+            job = state.jobs.get(job_id)
+            if job is not None and job.state.holds_gpus and job.restarts == run and c.runs.launched.get(job_id) != run:
+                c.loop.input(ev.JobFailed(c.loop.sid("behind"), job_id, "meshd restarted behind the mesh's snapshot: "
+                                          "this run's launch here was never carried out", requeue=True), run)
 
     def stop_released(self, job_ids: list[str]) -> None:
         """Ranks still running here of a job the engine no longer places here (a multi-node job whose rank 0

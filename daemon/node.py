@@ -132,7 +132,8 @@ class NodeDaemon:
             self._stack.push_async_callback(self.mps.close)
             # models are read here, once, never inside a scheduling pass; XGBoost only for a sharing policy
             handle = installed_handle(interference=needs_models(cfg.policy), one_user_per_gpu=cfg.mps_one_user)
-            self.engine = Engine(make_policy(cfg.policy, handle), ProfileEstimator(handle.perf))
+            self._fresh_engine = lambda: Engine(make_policy(cfg.policy, handle), ProfileEstimator(handle.perf))
+            self.engine = self._fresh_engine()  # (mesh) a snapshot is tried in another fresh one first
             systemd_run = _systemd_run(cfg.systemd_scope)
             confiner = open_confiner(cfg.confine, usable_cpus(cfg.node_cpus, cfg.reserved_cpus),
                                      systemd_run is not None, cfg.cgroup_root, _tag(cfg.state_dir))
@@ -201,7 +202,7 @@ class NodeDaemon:
         cfg, engine = self.config, self.engine
         self.replica = MeshReplica(ReplicaContext(
             cfg, engine, self.journal, self.launcher, self.records, self.loop, self.runs,
-            lambda rec: self.submission.post(rec), self.node_spec, self._notifier.send))
+            lambda rec: self.submission.post(rec), self.node_spec, self._notifier.send, self._fresh_engine))
         link = LinkContext(cfg.node_name, cfg.mesh_address or cfg.node_name,
                            tuple(g.name for g in self.gpus.inventory()), self.journal.applied(),
                            lambda: engine.state.nodes, addresses)

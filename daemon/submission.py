@@ -58,18 +58,21 @@ class Submission:
         self.refuse_never_runnable(req)  # one line, no id taken, nothing journaled
         deps = c.control.resolve(ctl.dependency)
         now, env = time.time(), exported(req.env)  # the submitter's values of the variables meshd sets never reach it
+        name, jobs_dir = req.name or default_name(req.command), str(c.config.jobs_dir)  # once: the tasks share them
         with c.journal.batch():  # durable first, id and records in one commit: a failed write leaves no phantom job
             seq, head = self.new_job_id()
-            recs = [self._record(req, ctl, user, uid, seq, head, task, deps, now, env) for task in ctl.tasks or (None,)]
+            recs = [self._record(req, ctl, user, uid, seq, head, task, deps, now, env, name, jobs_dir)
+                    for task in ctl.tasks or (None,)]
             specs = [job_spec(rec) for rec in recs]  # validates
             for rec in recs:
                 c.journal.put(rec)
                 c.journal.transition(rec.job_id, now, "PENDING", "submitted")
+            journaled = [rec.values() for rec in recs]  # what the commit writes: a pass that changes nothing skips it
         for rec in recs:
             c.records[rec.job_id] = rec
         with c.journal.batch():  # every task's first scheduling pass in one commit
-            for rec, spec in zip(recs, specs):
-                self.post(rec, spec)
+            for rec, spec, clean in zip(recs, specs, journaled):
+                self.post(rec, spec, clean)
         return recs
 
     def batch_warnings(self, req: SubmitRequest) -> list[str]:
@@ -84,32 +87,36 @@ class Submission:
         return [line for line in lines if line is not None]
 
     def _record(self, req: SubmitRequest, ctl: ControlRequest, user: str, uid: int | None, seq: int, head: str,
-                task: int | None, deps: list, now: float, env: dict[str, str]) -> JobRecord:
+                task: int | None, deps: list, now: float, env: dict[str, str], name: str, jobs_dir: str) -> JobRecord:
         array_id = head if ctl.tasks else ""
-        name = req.name or default_name(req.command)
         job_id = head if task is None else f"{head}_{task}"
-        env = dict(env)  # each record its own
-        if task is not None:
-            env.update(MESH_ARRAY_JOB_ID=array_id, MESH_ARRAY_TASK_ID=str(task),
-                       MESH_ARRAY_TASK_COUNT=str(len(ctl.tasks)), MESH_ARRAY_TASK_MIN=str(ctl.tasks[0]),
-                       MESH_ARRAY_TASK_MAX=str(ctl.tasks[-1]))
+        if task is None:
+            env = dict(env)  # each record its own
+        else:
+            env = {**env, "MESH_ARRAY_JOB_ID": array_id, "MESH_ARRAY_TASK_ID": str(task),
+                   "MESH_ARRAY_TASK_COUNT": str(len(ctl.tasks)), "MESH_ARRAY_TASK_MIN": str(ctl.tasks[0]),
+                   "MESH_ARRAY_TASK_MAX": str(ctl.tasks[-1])}
         files = {k: _path(getattr(ctl, k), req.cwd, job_id, array_id, task, user, name) for k in ("output", "error")}
         return JobRecord(
             job_id=job_id, seq=seq, gpus=req.gpus, model=req.model, batch_size=req.batch_size,
             iterations=req.iterations or DEFAULT_ITERATIONS, iterations_given=req.iterations is not None,
             submit_time=now, name=name, user=user, deadline=req.deadline, guaranteed=req.guaranteed,
-            command=req.command, cwd=req.cwd, env=env, export=req.export, job_dir=str(self.ctx.config.jobs_dir / job_id),
+            command=req.command, cwd=req.cwd, env=env, export=req.export, job_dir=os.path.join(jobs_dir, job_id),
             array_id=array_id, array_task=task, array_limit=ctl.array_limit, dependency=deps,
             time_limit=ctl.time_limit, held=ctl.hold, uid=uid, begin_time=ctl.begin, **files, **resources(req),
             signal=ctl.signal,
         )
 
-    def post(self, rec: JobRecord, spec: JobSpec | None = None) -> None:
-        """A journaled submit reaches the engine (one server) or the mesh's leader with what nodes need to run it."""
+    def post(self, rec: JobRecord, spec: JobSpec | None = None, clean: tuple | None = None) -> None:
+        """A journaled submit reaches the engine (one server) or the mesh's leader with what nodes need to run it.
+        `clean`: the record's values as just journaled (its pass writes it again only if it changed it)."""
         loop = self.ctx.loop
         event = ev.JobSubmitted(loop.sid("submit"), spec or job_spec(rec), held=rec.held)
         if self.ctx.mesh is None:
+            if clean is not None:
+                loop.clean[rec.job_id] = clean
             loop.dispatch(event)
+            loop.clean.pop(rec.job_id, None)  # (an event queued behind one being handled: written as any)
         else:
             loop.input(event, record=record_payload(rec))
 

@@ -291,6 +291,7 @@ def test_common_commands_import_only_what_they_use(served, tmp_path, args):
     # what the interpreter loads before any of our code (an editable install's path hook brings pathlib)
     bare = subprocess.run([sys.executable, "-c", BARE], env=env, capture_output=True, text=True, timeout=60)
     lean = LEAN + (("json",) if "--json" in args or args[0] == "logs" else ())
+    lean += ("shutil", "bz2", "lzma") if args[0] == "submit" else ()  # a plain PATH scan finds python3 (jobs.which)
     extra = sorted(m for m in loaded - set(json.loads(bare.stdout)) if any(m == p or m.startswith(p + ".")
                                                                            for p in lean))
     assert extra == [], extra
@@ -304,3 +305,20 @@ def test_top_json_does_not_import_rich(served):
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["nodes"][0]["name"] == "n1"
     assert [m for m in json.loads(p.stderr.strip().splitlines()[-1]) if m.split(".")[0] == "rich"] == []
+
+
+def test_which_finds_what_shutil_which_finds(tmp_path):
+    """`mesh submit` finds a .py job's python3 on the job's PATH without importing shutil (jobs.which)."""
+    import shutil
+
+    from meshsched.cli.jobs import which
+
+    a, b, c = (tmp_path / n for n in "abc")
+    for d in (a, b, c):
+        d.mkdir()
+    (a / "python3").mkdir()  # a directory: skipped
+    (b / "python3").write_text("")  # not executable: skipped
+    (c / "python3").write_text("#!/bin/sh\n")
+    (c / "python3").chmod(0o755)
+    for path in (f"{a}:{b}:{c}", f"{c}:{a}", f"{a}:{b}", "", f"{b}::{c}", f"{c}:{c}"):
+        assert which("python3", path) == shutil.which("python3", path=path), path
