@@ -60,7 +60,7 @@ def test_preempted_job_resumes_to_the_same_steps_and_losses(meshd, tmp_path):
     body = {"command": [sys.executable, TRAIN, *ARGS, "--step-sleep", "0.1"], "cwd": "/tmp", "gpus": 2,
             "iterations": 1000, "env": {"MESH_REPORT_INTERVAL": "0.1"}}
     long = meshd.call("POST", "/v1/jobs", body)["job_id"]
-    poll(lambda: job(long).get("samples_per_second", 0) > 0 and job(long)["done_iterations"] >= 5,
+    poll(lambda: job(long).get("samples_per_second", 0) > 0 and (job(long)["done_iterations"] or 0) >= 5,
          timeout=60, what="long job reporting")
     short = meshd.call("POST", "/v1/jobs", {"command": [sys.executable, "-c", "pass"], "cwd": "/tmp",
                                             "gpus": 2, "iterations": 1})["job_id"]
