@@ -190,7 +190,8 @@ class NodeDaemon:
         self.accounting = Accounting(self.journal, lambda rec: sorted({state.gpus[g].node for g in rec.assigned
                                                                        if g < len(state.gpus)}))
         self.retention = Retention(RetentionContext(self.config, self.records, self.engine, self.journal, self.loop,
-                                                    self.launcher, self.runs, self.accounting))
+                                                    self.launcher, self.runs, self.accounting,
+                                                    lambda: self.mesh is None or self.mesh.leader == self.config.node_name))
         self.loop.accounted, self.loop.forgot = self.accounting.ended, self.retention.forgot
         self.retention.start()
         self._stack.callback(self.retention.close)

@@ -2,7 +2,7 @@
 their job directories after `keep_job_dirs` (0: kept forever, as Slurm's MinJobAge = 0); accounting keeps their rows.
 
 A sweep runs a second after meshd starts, then every `interval(keep)` seconds. Forgetting goes through the engine as one event, `JobsForgotten`
-(an input: on a mesh it is proposed to the leader and every node applies it in log order, so every node forgets the
+(an input: on a mesh only the leader proposes it, and every node applies it in log order, so every node forgets the
 same jobs). When it is handled (`forgot`, inside that event's journal transaction) each forgotten job's accounting
 row is made sure of (jobs that ended before accounting existed get theirs now), its record and transitions leave
 the journal, and meshd's per-job memory lets go of it: meshd's memory and `mesh ls --all` stay flat.
@@ -17,6 +17,7 @@ import asyncio
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,7 @@ class RetentionContext:
     launcher: Launcher
     runs: LocalRuns
     accounting: Accounting
+    proposes: Callable[[], bool] = lambda: True  # (mesh) only the leader proposes what every node then forgets
 
 
 class Retention:
@@ -86,7 +88,7 @@ class Retention:
     def _steps(self, now: float):
         """The sweep, one batch of jobs at a time (yields after each)."""
         cfg, loop = self.ctx.config, self.ctx.loop
-        if cfg.keep_finished > 0:
+        if cfg.keep_finished > 0 and self.ctx.proposes():
             due = self.due(now - cfg.keep_finished)
             for i in range(0, len(due), BATCH):
                 loop.input(ev.JobsForgotten(loop.sid("retention"), tuple(due[i:i + BATCH])), queued=True)

@@ -91,16 +91,23 @@ def fake_control(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def served(tmp_path, monkeypatch):
-    """A meshd (fake GPUs) in a background thread, `mesh` pointed at it by MESH_API_SOCKET."""
+def served_on_loop(tmp_path, monkeypatch):
+    """(meshd, its event loop): a meshd (fake GPUs) in a background thread, `mesh` pointed at it by
+    MESH_API_SOCKET; the loop for calls that must run on it."""
     from tests.support.daemon import daemon_in_thread, make_config, remove, short_dir
 
     runtime = short_dir()
     cfg = make_config(tmp_path / "state", runtime)
     monkeypatch.setenv("MESH_API_SOCKET", str(cfg.api_socket))
-    with daemon_in_thread(cfg) as (d, _):
-        yield d
+    with daemon_in_thread(cfg) as (d, loop):
+        yield d, loop
     remove(runtime)
+
+
+@pytest.fixture
+def served(served_on_loop):
+    """A meshd (fake GPUs) in a background thread, `mesh` pointed at it by MESH_API_SOCKET."""
+    return served_on_loop[0]
 
 
 class Result:

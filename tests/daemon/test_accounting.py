@@ -246,17 +246,6 @@ def test_mesh_acct_and_retention_sweep(served_on_loop, mesh, tmp_path):
     assert mesh("show", ok).exit_code == 1
 
 
-@pytest.fixture
-def served_on_loop(tmp_path, monkeypatch):
-    """(meshd, its event loop): conftest's `served`, with the loop for calls made on it."""
-    runtime = short_dir()
-    cfg = make_config(tmp_path / "state", runtime)
-    monkeypatch.setenv("MESH_API_SOCKET", str(cfg.api_socket))
-    with daemon_in_thread(cfg) as (d, loop):
-        yield d, loop
-    remove(runtime)
-
-
 def test_acct_shows_a_user_only_their_own_rows(tmp_path, monkeypatch):
     from meshsched.cli.client import Client
 
@@ -306,3 +295,25 @@ def test_retention_keys_from_toml_and_flags(tmp_path):
     out = subprocess.run([sys.executable, "-m", "meshsched.daemon.main", "--keep-finished", "-5", "--state-dir",
                           str(tmp_path / "s")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "keep_finished" in out.stderr
+
+
+def test_on_a_mesh_only_the_leader_proposes_what_retention_forgets(tmp_path):
+    """Fails before: every node proposed the same JobsForgotten batch each sweep (N proposals for one forgetting)."""
+    from types import SimpleNamespace
+
+    from meshsched.daemon.retention import Retention
+
+    proposed = []
+    loop = SimpleNamespace(input=lambda e, queued=False: proposed.append(e), dispatch_queued=lambda: None,
+                           sid=lambda kind: kind)
+    old = SimpleNamespace(job_id="1", state="COMPLETED", end_time=T0, submit_time=T0)
+    leader = [False]
+    ctx = SimpleNamespace(config=SimpleNamespace(keep_finished=60.0, keep_job_dirs=0.0), records={"1": old},
+                          engine=SimpleNamespace(state=SimpleNamespace(jobs={})), loop=loop,
+                          proposes=lambda: leader[0])
+    retention = Retention(ctx)
+    retention.sweep(T0 + 3600)
+    assert proposed == []  # a follower: the leader's proposal reaches it through the log
+    leader[0] = True
+    retention.sweep(T0 + 3600)
+    assert [e.job_ids for e in proposed] == [("1",)]

@@ -4,31 +4,20 @@ kill -9 of the leader (which is the drained node's meshd here) and its restart; 
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import pytest
-from meshsched.cli.mesh_local import LocalMesh
-from meshsched.daemon.etcd_local import ETCD, NO_ETCD
 
-from tests.support.daemon import poll, remove
+from tests.support.mesh import local_mesh
+from tests.support.daemon import poll
 
 
 @pytest.fixture
 def three():
-    if ETCD is None:
-        pytest.skip(NO_ETCD)
-    m = LocalMesh(Path(tempfile.mkdtemp(prefix="mesh")), nodes=3, gpus=2, ttl=3, node_grace=4.0)
-    try:
-        m.start()
-        for node in m.members:
-            m.wait_up(node)
+    with local_mesh(3, gpus=2, ttl=3, node_grace=4.0) as m:
         poll(lambda: all(sum(n["alive"] for n in m.nodes_view(node)) == 3 for node in m.members),
              what="three nodes joined, as every node sees it")
         yield m
-    finally:
-        m.stop()
-        remove(m.root, *(n.config.parent for n in m.members))
 
 
 def _submit(client, go: Path) -> str:

@@ -10,18 +10,16 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
-from meshsched.cli.mesh_local import LocalMesh
 from meshsched.daemon.config import ConfigError, load_config
 from meshsched.daemon.etcd_local import ETCD, NO_ETCD
 from meshsched.daemon.eventlog import LOGGED, Entry, LogError
 
 from meshsched import events as ev
 from meshsched.state import Dependency, DependencyKind, ExecConfig, JobSpec, NodeSpec
+from tests.support.mesh import local_mesh
 from tests.support.daemon import poll, remove, short_dir
 
 needs_etcd = pytest.mark.skipif(ETCD is None, reason=NO_ETCD)
@@ -144,13 +142,7 @@ dist.destroy_process_group()
 
 @pytest.fixture
 def mesh():
-    if ETCD is None:
-        pytest.skip(NO_ETCD)
-    m = LocalMesh(Path(tempfile.mkdtemp(prefix="mesh")), nodes=3, gpus=2, ttl=3, node_grace=4.0, cpus=(3, 5, 7))
-    try:
-        m.start()
-        for node in m.members:
-            m.wait_up(node)
+    with local_mesh(3, gpus=2, ttl=3, node_grace=4.0, cpus=(3, 5, 7)) as m:
         # every node's engine has applied the three joins (a submit through a lagging one saw 2 GPUs: CI failed)
         poll(lambda: all(sum(n["alive"] for n in m.nodes_view(node)) == 3 for node in m.members),
              what="three nodes joined, as every node sees it")
@@ -158,9 +150,6 @@ def mesh():
         views = [{v["name"]: (v["cpus"], v["memory_gb"]) for v in m.nodes_view(node)} for node in m.members]
         assert all(view == views[0] for view in views) and [views[0][f"n{i}"][0] for i in (1, 2, 3)] == [3, 5, 7]
         yield m
-    finally:
-        m.stop()
-        remove(m.root, *(n.config.parent for n in m.members))
 
 
 def _submit(client, code_or_argv, gpus: int = 1, cwd: str = "/tmp") -> str:

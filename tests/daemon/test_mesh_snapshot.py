@@ -10,10 +10,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from meshsched.cli.mesh_local import LocalMesh, MeshNode
+from meshsched.cli.mesh_local import MeshNode
 from meshsched.daemon.config import CoordinatorConfig
 from meshsched.daemon.etcd import EtcdCoordinator
-from meshsched.daemon.etcd_local import ETCD, NO_ETCD
 from meshsched.daemon.eventlog import (
     Snapshot,
     compactable,
@@ -25,7 +24,8 @@ from meshsched.daemon.eventlog import (
 )
 
 from meshsched import snapshot
-from tests.support.daemon import poll, remove
+from tests.support.mesh import local_mesh
+from tests.support.daemon import poll
 from tests.support.workload import engine, record
 
 
@@ -115,14 +115,8 @@ async def _keys(coord) -> tuple[list[int], list[int]]:
 
 @pytest.mark.slow
 def test_meshd_snapshots_compacts_and_a_joining_node_loads_the_older_one_when_the_newest_is_corrupt(monkeypatch):
-    if ETCD is None:
-        pytest.skip(NO_ETCD)
     monkeypatch.setenv("MESHD_COORDINATOR_SNAPSHOT_ENTRIES", "12")
-    m = LocalMesh(Path(tempfile.mkdtemp(prefix="meshsnap")), nodes=2, gpus=2, ttl=3, node_grace=30.0)
-    try:
-        m.start()
-        for node in m.members:
-            m.wait_up(node)
+    with local_mesh(2, prefix="meshsnap", gpus=2, ttl=3, node_grace=30.0) as m:
         client = m.client(m.members[0])
         jobs = [client.call("POST", "/v1/jobs", {"command": [sys.executable, "-c", "pass"], "gpus": 1, "cwd": "/tmp",
                                                  "env": {}})["job_id"] for _ in range(10)]
@@ -153,9 +147,6 @@ def test_meshd_snapshots_compacts_and_a_joining_node_loads_the_older_one_when_th
         more = m.client(joiner).call("POST", "/v1/jobs", {"command": [sys.executable, "-c", "pass"], "gpus": 1,
                                                           "cwd": "/tmp", "env": {}})["job_id"]
         poll(lambda: states(m.members[0]).get(more) == "COMPLETED", timeout=60, what="a job through the joiner")
-    finally:
-        m.stop()
-        remove(m.root, *(n.config.parent for n in m.members))
 
 
 @pytest.mark.slow
@@ -163,14 +154,8 @@ def test_a_node_restarted_behind_the_snapshot_does_not_leave_the_skipped_launche
     """n2's meshd is down (not yet lost) while the leader places jobs on its GPUs and snapshots twice past n2's
     journal: the launches were in the skipped entries. Restarted, n2 loads the snapshot and sends those jobs back
     to the queue (replaying the full log it would have launched them); every job completes."""
-    if ETCD is None:
-        pytest.skip(NO_ETCD)
     monkeypatch.setenv("MESHD_COORDINATOR_SNAPSHOT_ENTRIES", "8")
-    m = LocalMesh(Path(tempfile.mkdtemp(prefix="meshsnap")), nodes=2, gpus=2, ttl=3, node_grace=300.0)
-    try:
-        m.start()
-        for node in m.members:
-            m.wait_up(node)
+    with local_mesh(2, prefix="meshsnap", gpus=2, ttl=3, node_grace=300.0) as m:
         n1, n2 = m.members
         poll(lambda: sum(n["alive"] for n in m.nodes_view(n1)) == 2, what="two nodes joined")
         client = m.client(n1)
@@ -198,9 +183,6 @@ def test_a_node_restarted_behind_the_snapshot_does_not_leave_the_skipped_launche
         poll(lambda: all(states().get(j) == "COMPLETED" for j in stuck + more), timeout=60,
              what=f"the jobs placed on n2 while it was down ({on_n2}) complete")
         assert "loaded the snapshot at log entry" in m.log(n2)  # (its first start found none)
-    finally:
-        m.stop()
-        remove(m.root, *(n.config.parent for n in m.members))
 
 
 def test_snapshot_interval_keys_are_read_and_checked():

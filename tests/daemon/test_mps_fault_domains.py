@@ -3,15 +3,13 @@ daemon of a shared GPU dying, or one partner faulting it, requeues the innocent 
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 from meshsched.daemon import faultwatch
 from meshsched.daemon.node import NodeDaemon
-
 from meshsched.state import JobState
 from meshsched.wire.protocol import SubmitRequest
 from tests.support.daemon import (
+    daemon_with_mps,
     kill_sessions,
     make_config,
     py,
@@ -22,19 +20,9 @@ from tests.support.daemon import (
 from tests.support.fakes import kill_mps_server
 
 
-@contextlib.asynccontextmanager
-async def shared_gpu(state):
+def shared_gpu(state):
     """A meshd on one fake GPU under MPS (the stand-in) with a sharing placement."""
-    runtime = short_dir()
-    d = NodeDaemon(make_config(state, runtime, gpus=1, use_mps=True, policy="sjf-ffs"))
-    await d.start()
-    try:
-        yield d
-    finally:
-        pids = [r.supervisor_pid for r in d.records.values()]
-        await d.close()
-        kill_sessions(pids)
-        remove(runtime)
+    return daemon_with_mps(state, 1, policy="sjf-ffs")
 
 
 def submit_pair(d, code_a: str, code_b: str) -> tuple[str, str]:

@@ -133,13 +133,14 @@ def remove(*dirs: Path) -> None:
 
 
 @contextlib.asynccontextmanager
-async def daemon_with_mps(state: Path, gpus: int):
+async def daemon_with_mps(state: Path, gpus: int, **config):
     """A started NodeDaemon on `gpus` fake GPUs whose MPS manager is real (a stand-in control tool on PATH, the
-    `fake_control` fixture), as with NVML GPUs and use_mps; everything it started is gone afterwards."""
+    `fake_control` fixture), as with NVML GPUs and use_mps; `config`: more DaemonConfig fields (a policy, ...);
+    everything it started is gone afterwards."""
     from meshsched.daemon.node import NodeDaemon
 
     runtime = short_dir()
-    d = NodeDaemon(make_config(state, runtime, gpus=gpus, use_mps=True))  # RealMps(runtime / "mps", its GPUs)
+    d = NodeDaemon(make_config(state, runtime, gpus=gpus, use_mps=True, **config))  # RealMps(runtime / "mps", ...)
     await d.start()
     try:
         yield d
