@@ -258,7 +258,11 @@ def test_restored_state_continues_identically():
     again = DeferralOptimizer.restore(done.config, state)
     assert again.stage is Stage.ACQUISITION and again.state() == done.state()
     cs = contexts(4, 12)
-    assert [again.decide(c) for c in cs] == [done.decide(c) for c in cs]
+    # the same decisions (deferral and stage) exactly; the EI ratio, a refit GP's figure, to 1e-9 (a refit can
+    # differ in its last bits between runs: CI saw ...79887 against ...7788)
+    mine, theirs = [again.decide(c) for c in cs], [done.decide(c) for c in cs]
+    assert [(s.x, s.stage) for s in mine] == [(s.x, s.stage) for s in theirs]
+    assert [s.ei_ratio for s in mine] == pytest.approx([s.ei_ratio for s in theirs], rel=1e-9)
     fresh = DeferralOptimizer.restore(OptimizerConfig(), DeferralOptimizer().state())
     assert fresh.stage is Stage.BOOTSTRAP and fresh.fitted is None
 
