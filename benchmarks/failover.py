@@ -7,7 +7,8 @@ moment that node's API shows the job RUNNING (polled every 5 ms).
 Phase 2 (failover): `--jobs` fake jobs (1-2 GPUs, 1-4 s) are submitted through random live nodes while the
 leader is SIGKILLed `--kills` times at random moments; each killed meshd is started again 1-2 s later (as
 systemd's Restart= would); right after each kill one probe job is submitted through a surviving node.
-Every rank of a fake job writes a ledger file (job, pid, start, last touch every 50 ms). Reported:
+Every rank of a fake job writes a ledger file (job, pid, start, its network namespace (the node where each meshd
+has one), its supervisor's pid, a touch every 50 ms, and its end if it ran its full time). Reported:
 
   failover_s     per kill: the dead leader's SIGKILL to the next leader's first decision (log append)
   jobs_lost      acknowledged submits that never reached COMPLETED
@@ -38,11 +39,14 @@ ledger, seconds = sys.argv[1], float(sys.argv[2])
 job, rank = os.environ["MESH_JOB_ID"], os.environ["RANK"]
 path = os.path.join(ledger, f"{job}~{rank}~{os.getpid()}")
 start = time.time()
+where = os.readlink("/proc/self/ns/net")  # the node, where each meshd has a network namespace of its own
 with open(path, "w") as f:
-    f.write(f"{start}\\n")
+    f.write(f"{start}\\n{where}\\n{os.getppid()}\\n")
 while time.time() - start < seconds:
     time.sleep(0.05)
     os.utime(path)
+with open(path, "a") as f:
+    f.write(f"{time.time()}\\n")  # the end: a copy stopped before its time leaves no fourth line
 """
 
 

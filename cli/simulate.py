@@ -11,7 +11,7 @@ import typer
 from meshsched.cli.output import fail, print_json
 from meshsched.cli.sim_events import events_effect, load_said, print_effect
 from meshsched.loaders.profiles import OVERHEAD_REGIMES, load_perf_model
-from meshsched.loaders.traces import BUILTIN_TRACES, TraceError, TraceOptions, load_trace
+from meshsched.loaders.traces import BUILTIN_TRACES, TRACE_FORMATS, TraceError, TraceOptions, load_trace
 from meshsched.perf import DEFAULT_GPU_TYPE, UnknownProfile
 from meshsched.policies.registry import (
     POLICIES, UnknownPolicy, has_plan_layer, make_policy, needs_models, needs_plan_models, parse_policy,
@@ -37,6 +37,7 @@ def _window(text: str | None) -> tuple[float, float] | None:
 
 def simulate_cmd(
     trace: str = typer.Option("philly", help=f"Builtin trace ({', '.join(BUILTIN_TRACES)}) or a CSV file (docs/trace-format.md)."),
+    trace_format: str = typer.Option("auto", "--trace-format", help=f"Trace file format: {', '.join(TRACE_FORMATS)} (auto: from its header; docs/trace-format.md)."),
     policy: str = typer.Option(DEFAULT_POLICIES, help=f"Comma-separated policy stacks to compare; names {', '.join(POLICIES)}; combine layers with + "
                                                       "(castor+srtf, castor+gimbal), NAME@SECONDS runs it periodically, "
                                                       "NAME:KEY=VALUE sets a parameter (castor:depth=32)."),
@@ -88,7 +89,7 @@ def simulate_cmd(
     try:
         tr = _plan_trace(trace, perf, nodes * gpus_per_node, gpus_per_node, seed, jobs) if planned else load_trace(
             trace, perf, TraceOptions(gpu_type=gpu_type, gpus_per_node=gpus_per_node, seed=seed, load=load,
-                                      first_n=jobs, window=_window(window)))
+                                      first_n=jobs, window=_window(window), trace_format=trace_format))
     except (TraceError, UnknownProfile) as e:
         fail(str(e))
     if cluster is None:
@@ -319,7 +320,8 @@ COLUMNS = (
     ("preempt", True, lambda s, w: str(s.preemptions)),
     ("futile", False, lambda s, w: str(s.futile_preemptions)),
     ("fut GPU-h", False, lambda s, w: f"{s.futile_gpu_h:.1f}"),
-    ("util", True, lambda s, w: f"{s.gpu_utilisation:.1%}"),
+    ("util", True, lambda s, w: f"{s.useful_utilisation:.1%}"),  # useful GPU-time (solo speed) / capacity
+    ("busy", False, lambda s, w: f"{s.gpu_utilisation:.1%}"),  # run GPU-time / capacity (slowed shared jobs count more)
     ("deadl", False, lambda s, w: f"{s.deadline_met:.1%}"),
     ("sim s", True, lambda s, w: f"{w:.1f}"),
 )

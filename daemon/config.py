@@ -19,6 +19,7 @@ Defaults (documented in docs/daemon.md):
                  backoff * 2^(n-1) s, and fails after `limit` such exits
   log_max_mb     64: a rank's log past this size is rotated (newest half kept in rank<N>.log.1)
   node_grace     60 s (mesh only): a node whose member entry has been gone this long is lost; its jobs requeue
+                 (must be > coordinator.ttl: a node cut off from etcd fences itself within ttl)
   mesh_address   node_name (mesh only): the address (host name or IP) ranks on other nodes use as MASTER_ADDR
                  when this node runs rank 0 of a job across nodes
   checkpoint_root  unset: a job's checkpoints live in its job dir; set it to storage every node mounts (a
@@ -52,9 +53,10 @@ import os
 import socket
 import stat
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 DEFAULT_CONFIG_FILE = Path("/etc/meshsched/meshd.toml")
@@ -80,6 +82,7 @@ class CoordinatorConfig:
     prefix: str = "/meshsched"  # every key of this mesh lives under it
     snapshot_entries: int = 1000  # the leader writes a snapshot every so many log entries (0: not by count)
     snapshot_bytes: int = 8 * 2**20  # ... or every so many bytes of log entries (0: not by size); both 0: never
+    fence: bool = True  # a node etcd cannot see stops its ranks before it may be declared lost (docs/coordinator.md)
 
     def validate(self) -> CoordinatorConfig:
         if self.backend not in COORDINATOR_BACKENDS:
@@ -120,6 +123,8 @@ class CoordinatorConfig:
                     if isinstance(value, bool):
                         raise ValueError
                     parsed[key] = float(value)
+                elif key == "fence":
+                    parsed[key] = parse_switch(value)
                 else:
                     parsed[key] = str(value)
             except (TypeError, ValueError):
@@ -128,6 +133,18 @@ class CoordinatorConfig:
             return replace(cfg, **parsed).validate()
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
+
+
+def parse_switch(value: Any) -> bool:
+    """A boolean key: TOML true/false, or the strings an environment variable gives (true/false, yes/no, 1/0)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1", "on"):
+        return True
+    if text in ("false", "no", "0", "off", ""):
+        return False
+    raise ValueError(value)
 
 
 def check_timing(ttl: float, loop_wait: float, retry_timeout: float) -> None:
@@ -262,6 +279,9 @@ class DaemonConfig:
             value = getattr(self, key)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{key} must be a finite number >= 0, got {value!r}")
+        if self.coordinator is not None and self.coordinator.backend == "etcd" and self.node_grace <= self.coordinator.ttl:
+            raise ConfigError(f"node_grace must be > coordinator.ttl (a node fences itself within ttl; the leader must "
+                              f"not declare it lost before), got {self.node_grace:g} <= {self.coordinator.ttl:g}")
         if self.self_preempt_limit < 0:
             raise ConfigError("self_preempt_limit must be >= 0")
         if self.systemd_scope not in ("auto", "yes", "no"):
@@ -312,13 +332,7 @@ def _coerce(name: str, kind: Any, value: Any, source: str) -> Any:
         if kind in ("float", float):
             return float(value)
         if kind in ("bool", bool):
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("1", "true", "yes", "on"):
-                return True
-            if str(value).lower() in ("0", "false", "no", "off", ""):
-                return False
-            raise ValueError
+            return parse_switch(value)
         return str(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{source}: {name} must be {kind}, got {value!r}") from None

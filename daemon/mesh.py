@@ -4,11 +4,12 @@ Every node replays the same event log (`daemon.eventlog`) through its own engine
 whole mesh's state (`mesh ls` on any node shows every job) and carries out the actions that touch its own
 GPUs. Nodes never decide alone: what happens here (a submit, an exit, a report, a cancel) is *proposed*; the
 leader copies proposals into the log in one order, each write fenced by its term, and arms the engine's
-timer. A new leader needs no rebuild: it has applied the same log. Local-first: while etcd or the leader is
-gone, jobs keep running, proposals wait in an outbox (submits are in the node's journal before they are
-acknowledged and are proposed again after a restart), and everything flows once there is a leader again.
-The leader declares a node lost (the engine requeues its jobs) once its member entry has been gone for
-`node_grace` seconds. Every `snapshot_entries` entries or `snapshot_bytes` bytes of log the leader writes a
+timer. A new leader needs no rebuild: it has applied the same log. Local-first: while the leader is gone, jobs
+keep running, proposals wait in an outbox (a file, `mesh-outbox.jsonl`, written before a proposal is
+acknowledged, taken back by the next meshd: a SIGKILL loses none), and everything flows once there is a leader
+again. The leader declares a node lost (the engine requeues its jobs) once its member entry has been gone for
+`node_grace` seconds; a node that etcd has not seen alive for `ttl - retry_timeout` seconds fences itself
+before that (stops its ranks, checkpointing where it can) and follows the log once it is back. Every `snapshot_entries` entries or `snapshot_bytes` bytes of log the leader writes a
 snapshot (`snapshots/{index}`: the engine's state and meshd's beside it) and deletes the log entries up to the
 previous snapshot and every snapshot older than that; a starting node loads the newest snapshot that decodes
 (one it cannot read is refused in one line and the next older tried) and replays only the entries after it.
@@ -17,12 +18,16 @@ previous snapshot and every snapshot older than that; a starting node loads the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import json
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from meshsched.daemon.config import CoordinatorConfig
 from meshsched.daemon.coordinator import (
@@ -52,6 +57,7 @@ from meshsched import events as ev
 from meshsched.state import Node
 
 LOG = logging.getLogger("meshd.mesh")
+LEADER_ONLY = (ev.NodeLost, ev.Tick)  # the leader's proposals: kept in memory only (see `propose`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +70,7 @@ class LinkContext:
     applied: int  # the log index up to which this node's journal has carried out the actions
     nodes: Callable[[], dict[str, Node]]  # the engine's nodes (the leader declares the missing ones lost)
     addresses: dict[str, str]  # node -> where its ranks are reached (filled from the log's NodeJoined entries)
+    outbox: Path | None = None  # the durable outbox (default: the replica's `outbox_path`; none: memory only)
 
 
 class MeshLink:
@@ -96,6 +103,13 @@ class MeshLink:
         self.snapshots_written = 0
         self._since_snapshot = [0, 0]  # entries and bytes applied since the newest snapshot
         self._snapshot_off = False  # the stack cannot be snapshotted (said once)
+        self.fenced_at: float | None = None  # (UNIX time) this node fenced itself: etcd has not seen it alive
+        self.fences = 0  # times this node fenced itself
+        self.probe_interval = min(1.0, config.loop_wait)  # seconds between reads of the members (`_prove_alive`)
+        self._alive_at = time.monotonic()  # when the newest read that found this node's member entry was sent
+        self._outbox_file = ctx.outbox or getattr(replica, "outbox_path", None)
+        self._outbox_fd: int | None = None
+        self._open_outbox()
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -107,6 +121,9 @@ class MeshLink:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._disarm()
+        if self._outbox_fd is not None:
+            os.close(self._outbox_fd)
+            self._outbox_fd = None
         try:
             await self.coord.close(release=True)
         except CoordinatorError as exc:
@@ -141,14 +158,22 @@ class MeshLink:
 
     async def _run(self) -> None:
         await self._retry(self.coord.start)
-        await self._retry(lambda: self.coord.register(Member(self.node, self.ctx.address, self.ctx.gpu_names)))
+        self._spawn(self._prove_alive())
+        await self._retry(self._register)
         revision = await self._retry(self._catch_up)
         self.synced = True
         self.replica.synced()
         self._spawn(self._flush())
+        if self.config.fence:
+            self._spawn(self._fence_watch())  # once the log is replayed: the runs it stops are the log's
         self._spawn(self._follow(revision))
         self._spawn(self._lead())
         LOG.info("mesh: node %s joined (log at %d)", self.node, self.position)
+
+    async def _register(self) -> None:
+        sent = time.monotonic()
+        await self.coord.register(Member(self.node, self.ctx.address, self.ctx.gpu_names))
+        self._alive_at = max(self._alive_at, sent)  # the member entry is there: a proof of life (`_prove_alive`)
 
     # ---------------------------------------------------------------- the log
 
@@ -264,10 +289,53 @@ class MeshLink:
     # ---------------------------------------------------------------- proposals
 
     def propose(self, event: ev.Event, run: int | None = None, record: dict | None = None) -> None:
-        """Hand `event` to the leader (it waits in the outbox while there is no leader or no etcd)."""
+        """Hand `event` to the leader (it waits in the outbox while there is no leader or no etcd). The outbox is
+        written to its file before this returns (before the caller answers): a restarted meshd proposes again
+        what it held, under the same key, and the log applies a proposal once (`_last_seq`)."""
         seq = f"{time.time_ns():020d}{next(self._seq) % 1000:03d}"  # grows across restarts of this node
-        self._outbox.append((f"proposals/{self.node}/{seq}", Entry(event, self.node, run=run, record=record).to_json()))
+        key, value = f"proposals/{self.node}/{seq}", Entry(event, self.node, run=run, record=record).to_json()
+        if not isinstance(event, LEADER_ONLY):  # a next leader decides those again; stale later, never replayed
+            self._outbox_write({"key": key, "value": value})
+        self._outbox.append((key, value))
         self._wake.set()
+
+    def _open_outbox(self) -> None:
+        """Take back the proposals a previous meshd left in the outbox file, in their order."""
+        path = self._outbox_file
+        if path is None:
+            return
+        pending: dict[str, str] = {}
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:
+            lines = []
+        for line in lines:
+            try:
+                item = json.loads(line)
+                if "done" in item:
+                    pending.pop(item["done"], None)
+                else:
+                    pending[str(item["key"])] = str(item["value"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a crash: its proposal was never acknowledged
+        self._outbox.extend(pending.items())
+        if pending:
+            self._wake.set()
+            LOG.info("mesh: %d proposal(s) from the outbox of the last meshd proposed again", len(pending))
+        self._outbox_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._outbox_rewrite()
+
+    def _outbox_write(self, item: dict) -> None:
+        if self._outbox_fd is not None:
+            os.write(self._outbox_fd, (json.dumps(item, separators=(",", ":")) + "\n").encode())
+
+    def _outbox_rewrite(self) -> None:
+        """The file holds exactly the outbox again (at start; and emptied whenever the outbox is)."""
+        if self._outbox_fd is None:
+            return
+        os.ftruncate(self._outbox_fd, 0)
+        for key, value in self._outbox:
+            self._outbox_write({"key": key, "value": value})
 
     async def _flush(self) -> None:
         while True:
@@ -282,6 +350,58 @@ class MeshLink:
                     await asyncio.sleep(self.config.loop_wait)
                     continue
                 self._outbox.popleft()
+                if self._outbox:
+                    self._outbox_write({"done": key})
+                else:
+                    self._outbox_rewrite()
+
+    # ---------------------------------------------------------------- fencing
+
+    async def _prove_alive(self) -> None:
+        """Read the members every loop round; one that lists this node proves its entry was there when the read
+        was sent. The leader counts a node missing only once its entry is gone, and declares it lost node_grace
+        (> ttl) later: so the node is lost no earlier than node_grace after the newest such read."""
+        while True:
+            await self._seen()
+            await asyncio.sleep(self.probe_interval)
+
+    async def _seen(self) -> None:
+        """One read of the members: where it lists this node, it proves the entry was there when it was sent."""
+        sent = time.monotonic()
+        try:
+            if any(m.name == self.node for m in await self.coord.members()):
+                self._alive_at = max(self._alive_at, sent)
+        except CoordinatorError:
+            pass
+
+    async def _fence_watch(self) -> None:
+        """Fence: once no read has shown this node alive for `ttl - retry_timeout` seconds (the leader key's rule:
+        a keepalive round may fail once), stop this node's ranks; the leader cannot declare it lost before
+        node_grace has passed since that read. Its jobs then follow the log: started again where the log says.
+        Before it fences, one more read (at most retry_timeout / 2): a loop held busy past the limit (a long
+        replay, a loaded machine) has a stale proof, not necessarily a missing entry."""
+        limit = self.config.ttl - self.config.retry_timeout
+        fence, unfence = getattr(self.replica, "fence", None), getattr(self.replica, "unfence", None)
+        if fence is None or unfence is None:
+            return  # a replica without processes (a benchmark's double): nothing to stop
+        while True:
+            await asyncio.sleep(min(0.25, limit / 4))
+            quiet = time.monotonic() - self._alive_at
+            if quiet > limit and self.fenced_at is None:  # a loop held busy (a replay, a loaded machine) has not
+                with contextlib.suppress(asyncio.TimeoutError):  # read for a while: a read now may show the entry
+                    await asyncio.wait_for(self._seen(), self.config.retry_timeout / 2)
+                quiet = time.monotonic() - self._alive_at
+            if quiet > limit:
+                if self.fenced_at is None:
+                    self.fenced_at, self.fences = time.time(), self.fences + 1
+                    LOG.error("mesh: etcd has not seen this node for %.1f s: fencing (stopping its jobs; the leader "
+                              "may declare it lost in %.0f s)", quiet, self.node_grace - quiet)
+                fence(self.node_grace - quiet)  # again each round: a launch that came late stops too
+            elif self.fenced_at is not None:
+                LOG.warning("mesh: etcd sees this node again after %.1f s fenced; following the log",
+                            time.time() - self.fenced_at)
+                self.fenced_at = None
+                unfence()
 
     # ---------------------------------------------------------------- leadership
 
@@ -396,5 +516,6 @@ class MeshLink:
         return {"backend": self.config.backend, "leader": self.leader, "term": self.term, "synced": self.synced,
                 "log_position": self.position, "outbox": len(self._outbox), "leaderships": self.leaderships,
                 "led_since": self.led_since, "first_decision": self.first_decision,
-                "snapshot_index": self.snapshot_index, "snapshots_written": self.snapshots_written}
+                "snapshot_index": self.snapshot_index, "snapshots_written": self.snapshots_written,
+                "fenced_at": self.fenced_at, "fences": self.fences}
 

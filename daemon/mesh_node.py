@@ -11,6 +11,7 @@ no replica: NodeDaemon's engine hears of everything at once.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -28,7 +29,7 @@ from meshsched.daemon.runs import LocalRuns
 
 from meshsched import events as ev
 from meshsched import snapshot
-from meshsched.actions import ScheduleTimer
+from meshsched.actions import Preempt, ScheduleTimer
 from meshsched.engine import Engine
 from meshsched.state import JobState, NodeSpec
 
@@ -60,6 +61,8 @@ class MeshReplica:
         self._pending_runs: dict[str, int] = {}  # job -> the run whose exit was found at start
         self.submitted: dict[str, int] = {}  # node -> highest job seq (`NODE.SEQ`) the log has submitted
         self.behind: dict[str, int] | None = None  # (loaded a snapshot past this node's journal) see _reconcile
+        self.fenced: dict[str, float] = {}  # job -> when fencing stopped its ranks here (UNIX time); see fence
+        self._live = False  # the log has been replayed since this meshd started (a NodeLost of it rejoins)
 
     def recover_local_runs(self) -> None:
         """Before the log is replayed: every job record this node kept, and its supervisors re-adopted; the exits
@@ -99,6 +102,9 @@ class MeshReplica:
         if job_id is not None and job_id not in c.records:
             return self._skip(index)  # a job this log never submitted (cannot happen short of a foreign writer)
         c.loop.handle(e, entry.time, act, index)  # nothing queues behind it: in a mesh every input is proposed
+        if isinstance(e, ev.NodeLost) and e.node == c.config.node_name and self._live:
+            LOG.warning("mesh: this node was declared lost (cut off from etcd for longer than node_grace); joining again")
+            c.loop.input(ev.NodeJoined(c.loop.sid("rejoin"), c.node_spec(c.config.mesh_address or c.config.node_name)))
 
     def _skip(self, index: int) -> None:
         with self.ctx.journal.batch():
@@ -108,6 +114,7 @@ class MeshReplica:
         """The log is replayed: join (again), report what ended meanwhile, hand over unsent submits and cancels."""
         c = self.ctx
         state, sid, runs = c.engine.state, c.loop.sid, c.runs
+        self._live = True
         if self.behind is not None:
             self._reconcile(self.behind)
         node = state.nodes.get(c.config.node_name)
@@ -239,6 +246,47 @@ class MeshReplica:
             with c.journal.batch():
                 c.journal.put(rec)
         c.loop.input(ev.CancelRequested(c.loop.sid("cancel"), rec.job_id))
+
+    # ---------------------------------------------------------------- fencing (daemon.mesh decides when)
+
+    @property
+    def outbox_path(self) -> Path:
+        """Where MeshLink keeps its outbox of proposals not yet handed to etcd (survives a SIGKILL of meshd)."""
+        return self.ctx.config.state_dir / "mesh-outbox.jsonl"
+
+    def fence(self, budget: float) -> list[str]:
+        """This node cannot show etcd it is alive: stop every rank it runs before the leader may declare it lost
+        (at the earliest `budget` seconds from now). Rank 0's node asks for a checkpoint-and-exit, as a
+        preemption does (the exit is a JobPaused, not a failure); the ranks are SIGTERMed in any case once
+        `budget` less the kill grace has passed. Nothing is started again here unless the log says so."""
+        c = self.ctx
+        hard = max(0.0, budget - c.config.kill_grace - 6.0)  # the launcher SIGKILLs kill_grace + 5 s after SIGTERM
+        stopped = []
+        for job_id in list(c.runs.launched):
+            if job_id in self.fenced or not c.launcher.running(job_id):
+                continue
+            self.fenced[job_id] = time.time()
+            stopped.append(job_id)
+            c.runs.restart_for.pop(job_id, None)
+            if c.runs.rank0_here(job_id) and hard > 0:
+                c.runs.preempt(Preempt(job_id))  # checkpoint first (jobs on the SDK), then SIGTERM
+                asyncio.get_running_loop().call_later(hard, self._fence_stop, job_id)
+            else:
+                if c.runs.rank0_here(job_id):
+                    c.records[job_id].pausing = True  # its exit is a JobPaused: stopped, not failed
+                c.launcher.stop(job_id, c.config.kill_grace)
+        if stopped:
+            LOG.warning("mesh: fenced: stopping %d job(s) here: %s", len(stopped), ", ".join(stopped))
+        return stopped
+
+    def _fence_stop(self, job_id: str) -> None:
+        c = self.ctx
+        if job_id in self.fenced and c.launcher.running(job_id):
+            c.launcher.stop(job_id, c.config.kill_grace)
+
+    def unfence(self) -> None:
+        """etcd hears this node again: what fencing stopped waits for the log (its exits are in the outbox)."""
+        self.fenced.clear()
 
     def leadership_changed(self, leader: str | None) -> None:
         self.ctx.notify(f"STATUS=mesh leader: {leader or 'none'}")

@@ -20,11 +20,11 @@ from types import MappingProxyType
 from meshsched.perf import PerfModel
 from meshsched.perf.plans import PlanPerfModel
 from meshsched.sim.rubick_trace import WorkloadOptions, plan_workload
-from meshsched.sim.trace_formats import TraceError, parse_trace_text
+from meshsched.sim.trace_formats import TRACE_FORMATS, TraceError, parse_trace_text
 from meshsched.sim.trace_synth import JobSynthesizer
 from meshsched.state import JobSpec
 
-__all__ = ["BUILTIN_TRACES", "Trace", "TraceError", "TraceOptions", "load_plan_trace", "load_trace", "read_trace"]
+__all__ = ["BUILTIN_TRACES", "TRACE_FORMATS", "Trace", "TraceError", "TraceOptions", "load_plan_trace", "load_trace", "read_trace"]
 
 BUILTIN_TRACES: tuple[str, ...] = ("philly", "philly-rfold")
 BUILTIN_FILES = MappingProxyType({"philly": "philly.csv.gz", "philly-rfold": "philly_rfold.csv.gz"})
@@ -40,8 +40,11 @@ class TraceOptions:
     load: float = 1.0  # arrival times are divided by this: 2.0 = arrivals twice as dense
     first_n: int | None = None  # keep the first N jobs (after the window)
     window: tuple[float, float] | None = None  # [start, end) seconds since the trace's first arrival
+    trace_format: str = "auto"  # TRACE_FORMATS (meshsched.sim.trace_formats); "auto": picked from the header
 
     def __post_init__(self) -> None:
+        if self.trace_format not in TRACE_FORMATS:
+            raise TraceError(f"bad options: unknown trace format {self.trace_format!r}; known: {', '.join(TRACE_FORMATS)}")
         if not isinstance(self.gpu_type, str) or not self.gpu_type:
             raise TraceError(f"bad options: gpu_type must be a non-empty string, got {self.gpu_type!r}")
         if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
@@ -76,7 +79,7 @@ class Trace:
 def load_trace(trace: str, perf: PerfModel, options: TraceOptions) -> Trace:
     """Load a built-in trace (`BUILTIN_TRACES`) or a CSV file (plain or gzip) as jobs; see the module doc."""
     label, name, text = read_trace(trace)
-    parsed = parse_trace_text(label, text, job_prefix=name)
+    parsed = parse_trace_text(label, text, job_prefix=name, fmt=options.trace_format)
     rows = sorted(parsed.rows, key=lambda r: r.submit)  # stable: ties keep file order
     if options.window is not None:
         start, end = options.window

@@ -23,6 +23,7 @@ from meshsched.policies.base import (
     CalibrationPolicy, ClusterView, Cycle, Decision, Evict, PlacementPolicy, PlanPolicy, PreemptionPolicy, Reconfigure,
     Start, Trigger,
 )
+from meshsched.policies.solo import is_solo, solo_reconfigures
 from meshsched.state import Job
 
 
@@ -64,6 +65,9 @@ class PolicyStack:
     preemption: PreemptionPolicy | None = None
     calibration: CalibrationPolicy | None = None
     plan: PlanPolicy | None = None
+    # Whether a job may hold a partner's settings (`meshsched.policies.solo`): True until a pass finds none, then
+    # set again by a decision that squeezes one; so a stack that never shares never looks.
+    _squeezed: bool = field(default=True, init=False, repr=False, compare=False)
 
     def queue_key(self, job: Job) -> tuple:
         owner = self.preemption if self.preemption is not None else self.placement
@@ -77,6 +81,12 @@ class PolicyStack:
             out = self.placement.place(view, cycle)
         if self.plan is not None:
             out = self._with_plans(view, now, list(out))
+        if self._squeezed and trigger is not Trigger.ARRIVAL:  # GPUs came free (or a timer): partners may have left
+            solo, self._squeezed = solo_reconfigures(view, out)
+            if solo:
+                out = [*out, *solo]
+        if not self._squeezed:
+            self._squeezed = any(type(d) in (Start, Reconfigure) and not is_solo(d.exec) for d in out)
         return out
 
     def _with_plans(self, view: ClusterView, now: float, out: list[Decision]) -> list[Decision]:
@@ -96,7 +106,12 @@ class PolicyStack:
         return self.preemption if isinstance(self.preemption, RemembersState) else None
 
     def calibrate(self, view: ClusterView, job: Job, now: float) -> list[Reconfigure]:
-        return [] if self.calibration is None else self.calibration.calibrate(view, job, now)
+        if self.calibration is None:
+            return []
+        out = self.calibration.calibrate(view, job, now)
+        if not self._squeezed:
+            self._squeezed = any(not is_solo(d.exec) for d in out)
+        return out
 
     def next_timer(self, view: ClusterView, now: float) -> float | None:
         owner = self.preemption if self.preemption is not None else self.placement

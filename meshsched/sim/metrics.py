@@ -1,4 +1,5 @@
-"""What a replay achieved: JCT percentiles, queueing, makespan, Lazer's L/P and futile time, utilisation, deadlines."""
+"""What a replay achieved: JCT percentiles, queueing, makespan, Lazer's L/P and futile time, utilisation (useful
+and busy), deadlines."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class Summary:
     futile_gpu_h: float  # GPU-hours of loads thrown away by preemption (Lazer Eq. 2)
     futile_preemptions: int
     preemptions: int
-    gpu_utilisation: float  # training GPU-time / (cluster GPUs x makespan)
+    gpu_utilisation: float  # "busy": training GPU-time / (cluster GPUs x makespan); a slowed shared job counts more
+    useful_utilisation: float  # "util": useful GPU-time (work done, at each job's solo speed) / (GPUs x makespan)
     deadline_met: float  # fraction of jobs with a deadline that completed by it
     events: int
 
@@ -74,9 +76,17 @@ def summarise(result: SimResult, policy: str) -> Summary:
         futile_preemptions=sum(j.acct.futile_preemptions for j in jobs),
         preemptions=sum(j.acct.preemptions for j in jobs),
         gpu_utilisation=(gpu_h("run_time") * 3600.0 / (total * makespan)) if makespan > 0 else 0.0,
+        useful_utilisation=(useful_gpu_seconds(jobs) / (total * makespan)) if makespan > 0 else 0.0,
         deadline_met=(met / len(with_deadline)) if with_deadline else float("nan"),
         events=result.events,
     )
+
+
+def useful_gpu_seconds(jobs: list[Job]) -> float:
+    """GPU-seconds of useful work: each job's iterations done, at its solo speed (`ideal_step_time`, alone on its
+    best placement), times its GPUs. Unlike run time it does not grow when sharing slows a job down, so it is
+    comparable across exclusive and sharing policies: sharing shows as what it gains (more work per GPU-hour)."""
+    return sum(j.done_iterations * j.ideal_step_time * j.spec.gpus for j in jobs)
 
 
 JOB_COLUMNS = (

@@ -1,4 +1,5 @@
-"""Parsers for the job-trace CSV formats: Philly (Pollux artifact), Philly (RFold), and meshsched's own.
+"""Parsers for the job-trace CSV formats: Philly (Pollux artifact), Philly (RFold), meshsched's own, and (through
+`trace_public`) the public Alibaba PAI v2020/v2023, Helios and Pollux/Sia layouts; `TRACE_FORMATS` names them.
 
 Each parser turns the text of one file into `TraceRow`s, checking every field and naming the file, the
 1-based line and the column of the first thing wrong (`TraceError`). Nothing here knows about models or
@@ -8,32 +9,14 @@ the perf model: that is `trace_synth`.
 from __future__ import annotations
 
 import csv
-import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from typing import NamedTuple
 
+from meshsched.sim.trace_public import PUBLIC_FORMATS, detect_public, public_parser
+from meshsched.sim.trace_rows import Rows, TraceError, TraceRow
 
-class TraceError(Exception):
-    """A trace could not be loaded; the message is one line ("<file>:<line>: <what is wrong>" for a row)."""
-
-
-class TraceRow(NamedTuple):
-    """One job as the trace file gives it; times in seconds on the file's own clock."""
-
-    line: int
-    submit: float
-    gpus: int
-    duration: float | None  # None: the row gives `iterations` instead
-    iterations: int | None
-    job_id: str
-    name: str = ""
-    user: str = "nobody"
-    tenant: str = "default"
-    model: str | None = None
-    batch_size: int | None = None  # global batch
-    deadline: float | None = None  # seconds after submit
-    guaranteed: bool = False
+__all__ = ["PUBLIC_FORMATS", "TRACE_FORMATS", "TraceError", "TraceFile", "TraceRow", "parse_trace_text"]
 
 
 PHILLY_HEADER = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
@@ -46,6 +29,9 @@ OPTIONAL_COLUMNS = (
 _TRUE = ("1", "true", "yes")
 _FALSE = ("0", "false", "no")
 _EPOCH = datetime(1970, 1, 1)
+# --trace-format: "auto" picks the format from the header line; "sia" is the Pollux layout (Sia ships the same)
+TRACE_FORMATS = ("auto", "meshsched", "philly", "philly-rfold", *PUBLIC_FORMATS, "sia")
+_ALIASES = {"sia": "pollux"}
 
 
 class TraceFile(NamedTuple):
@@ -55,24 +41,18 @@ class TraceFile(NamedTuple):
     has_deadlines: bool
 
 
-def parse_trace_text(label: str, text: str, job_prefix: str) -> TraceFile:
-    """Pick the format from the header line and parse every row; job ids default to `job_prefix-<n>`."""
+def parse_trace_text(label: str, text: str, job_prefix: str, fmt: str = "auto") -> TraceFile:
+    """Parse every row in format `fmt` (`TRACE_FORMATS`; "auto": picked from the header line); job ids default to
+    `job_prefix-<n>`."""
+    if fmt not in TRACE_FORMATS:
+        raise TraceError(f"unknown trace format {fmt!r}; known: {', '.join(TRACE_FORMATS)}")
     lines = text.split("\n")  # not splitlines(): only \n ends a line, so line numbers match editors'
     first = next((i for i, ln in enumerate(lines) if ln.strip()), None)
     if first is None:
         raise TraceError(f"{label}: empty trace (no header line)")
     head = lines[first].strip()
-    parser: Callable[[_Rows, str], list[TraceRow]]
-    if head.startswith("#"):
-        columns = tuple(c.strip() for c in head[1:].split(","))
-        if columns != RFOLD_HEADER:
-            raise TraceError(f"{label}:{first + 1}: bad header {head!r}, expected '#{','.join(RFOLD_HEADER)}'")
-        parser, has_deadlines = _parse_rfold, False
-    elif tuple(c.strip() for c in head.split(",")) == PHILLY_HEADER:
-        parser, has_deadlines = _parse_philly, False
-    else:
-        parser, has_deadlines = _own_format_parser(label, first + 1, head)
-    rows = parser(_Rows(label, lines, first + 1), job_prefix)
+    parser, has_deadlines, start = _pick_parser(label, first + 1, head, _ALIASES.get(fmt, fmt))
+    rows = parser(Rows(label, lines, start), job_prefix)
     if not rows:
         raise TraceError(f"{label}: empty trace (a header but no jobs)")
     ids: set[str] = set()
@@ -83,47 +63,31 @@ def parse_trace_text(label: str, text: str, job_prefix: str) -> TraceFile:
     return TraceFile(rows, has_deadlines)
 
 
-class _Rows:
-    """The data rows after the header, each with its 1-based line number; blank lines skipped."""
-
-    def __init__(self, label: str, lines: list[str], start: int) -> None:
-        self.label = label
-        self._lines = lines
-        self._start = start
-
-    def __iter__(self) -> Iterator[tuple[int, list[str]]]:
-        reader = csv.reader(self._lines[self._start:])
-        for fields in reader:
-            if fields and (len(fields) > 1 or fields[0].strip()):
-                yield self._start + reader.line_num, fields
-
-    def fail(self, line: int, what: str) -> TraceError:
-        return TraceError(f"{self.label}:{line}: {what}")
-
-    def number(self, line: int, column: str, text: str, minimum: float = 0.0) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise self.fail(line, f"column {column!r}: {text!r} is not a number") from None
-        if not math.isfinite(value) or value < minimum:
-            raise self.fail(line, f"column {column!r}: must be a finite number >= {minimum:g}, got {text!r}")
-        return value
-
-    def integer(self, line: int, column: str, text: str, minimum: int = 1) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise self.fail(line, f"column {column!r}: {text!r} is not an integer") from None
-        if value < minimum:
-            raise self.fail(line, f"column {column!r}: must be >= {minimum}, got {value}")
-        return value
-
-    def width(self, line: int, fields: Sequence[str], expected: int) -> None:
-        if len(fields) != expected:
-            raise self.fail(line, f"expected {expected} fields, got {len(fields)}")
+def _pick_parser(
+    label: str, header_line: int, head: str, fmt: str
+) -> tuple[Callable[[Rows, str], list[TraceRow]], bool, int]:
+    """(parser, whether the file carries deadlines, index of the first line the parser reads)."""
+    columns = tuple(c.strip() for c in next(csv.reader([head.removeprefix("#")])))
+    if fmt in PUBLIC_FORMATS or (fmt == "auto" and detect_public(columns)):
+        public = PUBLIC_FORMATS[fmt] if fmt in PUBLIC_FORMATS else detect_public(columns)
+        assert public is not None
+        if public.headerless and columns != public.columns and not set(columns) & set(public.columns):
+            return public_parser(label, public, header_line, None), False, header_line - 1  # no header line
+        return public_parser(label, public, header_line, columns), False, header_line
+    if head.startswith("#") and fmt in ("auto", "philly-rfold"):
+        if columns != RFOLD_HEADER:
+            raise TraceError(f"{label}:{header_line}: bad header {head!r}, expected '#{','.join(RFOLD_HEADER)}'")
+        return _parse_rfold, False, header_line
+    if columns == PHILLY_HEADER and fmt in ("auto", "philly"):
+        return _parse_philly, False, header_line
+    if fmt in ("philly", "philly-rfold"):
+        expected = ",".join(PHILLY_HEADER) if fmt == "philly" else "#" + ",".join(RFOLD_HEADER)
+        raise TraceError(f"{label}:{header_line}: bad header {head!r} for --trace-format {fmt}, expected {expected!r}")
+    parser, has_deadlines = _own_format_parser(label, header_line, head)
+    return parser, has_deadlines, header_line
 
 
-def _parse_philly(rows: _Rows, job_prefix: str) -> list[TraceRow]:
+def _parse_philly(rows: Rows, job_prefix: str) -> list[TraceRow]:
     out: list[TraceRow] = []
     for line, fields in rows:
         rows.width(line, fields, 5)
@@ -144,7 +108,7 @@ def _parse_philly(rows: _Rows, job_prefix: str) -> list[TraceRow]:
     return out
 
 
-def _parse_rfold(rows: _Rows, job_prefix: str) -> list[TraceRow]:
+def _parse_rfold(rows: Rows, job_prefix: str) -> list[TraceRow]:
     out: list[TraceRow] = []
     for line, fields in rows:
         rows.width(line, fields, 6)
@@ -164,7 +128,7 @@ def _parse_rfold(rows: _Rows, job_prefix: str) -> list[TraceRow]:
 
 def _own_format_parser(
     label: str, header_line: int, head: str
-) -> tuple[Callable[[_Rows, str], list[TraceRow]], bool]:
+) -> tuple[Callable[[Rows, str], list[TraceRow]], bool]:
     """Check the header of meshsched's own format and return a parser bound to its columns."""
     columns = [c.strip() for c in next(csv.reader([head]))]
     where = f"{label}:{header_line}: bad header"
@@ -184,7 +148,7 @@ def _own_format_parser(
     index = {c: i for i, c in enumerate(columns)}
     nonempty = REQUIRED_COLUMNS + (("duration",) if "duration" in index else ("iterations", "model", "batch_size"))
 
-    def parse(rows: _Rows, job_prefix: str) -> list[TraceRow]:
+    def parse(rows: Rows, job_prefix: str) -> list[TraceRow]:
         out: list[TraceRow] = []
         for line, fields in rows:
             rows.width(line, fields, len(columns))
@@ -216,7 +180,7 @@ def _own_format_parser(
     return parse, "deadline" in index
 
 
-def _positive(rows: _Rows, line: int, column: str, text: str) -> float:
+def _positive(rows: Rows, line: int, column: str, text: str) -> float:
     value = rows.number(line, column, text)
     if value <= 0:
         raise rows.fail(line, f"column {column!r}: must be > 0, got {text!r}")
