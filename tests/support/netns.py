@@ -33,6 +33,8 @@ from pathlib import Path
 from meshsched.cli.mesh_local import LocalMesh, MeshNode
 from meshsched.daemon.etcd_local import ETCD, NO_ETCD
 
+from tests.support.mesh import mesh_up
+
 IP = shutil.which("ip")
 PREFIX = "msh-"
 
@@ -271,16 +273,8 @@ def netns_mesh(nodes: int, spare: int = 0, **kw) -> Iterator[NetnsMesh]:
         raise NetnsUnavailable(NO_ETCD)
     root = Path(tempfile.mkdtemp(prefix="netmesh"))
     with Fabric(nodes + 1 + spare) as fabric:
-        m = NetnsMesh(root, nodes=nodes, fabric=fabric, **kw)
-        try:
-            m.start()
-            for node in m.members:
-                m.wait_up(node)
+        with mesh_up(NetnsMesh(root, nodes=nodes, fabric=fabric, **kw)) as m:
             yield m
-        finally:
-            m.stop()
-            for d in (root, *(n.config.parent for n in m.members)):
-                shutil.rmtree(d, ignore_errors=True)
 
 
 def can_reach(fabric: Fabric, i: int, url: str) -> bool:

@@ -16,7 +16,7 @@ import pytest
 from meshsched.cli.mesh_local import LocalMesh, MeshNode
 from meshsched.daemon.etcd_local import ETCD, NO_ETCD, free_port
 
-from tests.support.daemon import remove
+from tests.support.mesh import mesh_up
 
 
 class StallProxy:
@@ -123,12 +123,5 @@ def proxied_mesh(nodes: int, prefix: str = "meshpx", **kw) -> Iterator[ProxiedMe
     """`nodes` meshd over a real etcd, each through its own proxy, each up (skips where etcd is not installed)."""
     if ETCD is None:
         pytest.skip(NO_ETCD)
-    m = ProxiedMesh(Path(tempfile.mkdtemp(prefix=prefix)), nodes=nodes, **kw)
-    try:
-        m.start()
-        for node in m.members:
-            m.wait_up(node)
+    with mesh_up(ProxiedMesh(Path(tempfile.mkdtemp(prefix=prefix)), nodes=nodes, **kw)) as m:
         yield m
-    finally:
-        m.stop()
-        remove(m.root, *(n.config.parent for n in m.members))
