@@ -23,11 +23,11 @@ runs on) is run --parallel times from the same shells right after them (`python_
 `mesh` process pays, whatever it does, under the same load; Slurm's `sbatch` is C (5 ms CPU each).
 With --wheel, the `mesh` timed is a regular (non-editable) install of this checkout, as scripts/install-system
 installs it: its wheel is built into a temporary venv of the same base interpreter that reaches this
-environment's packages (dependencies) through a .pth line. An editable install (`pip install -e .`, the repo's
-`.venv`) loads setuptools' path finder at every interpreter start (it imports pathlib, re, urllib.parse,
-ipaddress: 14-25 ms CPU here), which a user's install does not.
+environment's packages (dependencies) through a .pth line. A default editable install (`pip install -e .`)
+loads setuptools' path finder at every interpreter start (it imports pathlib, re, urllib.parse, ipaddress: 14-25 ms
+CPU here), which a user's install does not, nor the compat-mode editable install .ci/run and scripts/demo make.
 
-    .venv/bin/python benchmarks/cli_speed.py --jobs 2 --repeat 3 --json    # the bulk figures, quickly
+    .venv/bin/python benchmarks/cli_speed.py --jobs 4 --repeat 3 --json    # the bulk figures, quickly
 Everything started is stopped at the end (the jobs are cancelled, then meshd).
 """
 
@@ -111,20 +111,34 @@ def array_body(script: str, cwd: str, tasks: int) -> dict:
             "array": f"0-{tasks - 1}", "tasks": tasks}
 
 
-def time_array_at_daemon(client: Client, body: dict, repeat: int) -> dict:  # body["tasks"]: its size
+def time_array_at_daemon(client: Client, body: dict, repeat: int, pid: int | None = None) -> dict:  # body["tasks"]
     """The array's submit and its cancel as meshd answers them (request sent to answer read, on its socket):
-    `repeat` times each, every array cancelled before the next is submitted."""
-    accept, cancel = [], []
+    `repeat` times each, every array cancelled before the next is submitted; with meshd's `pid`, also the CPU time
+    meshd spent on each (user + system, /proc/PID/stat; steadier than wall time on a busy machine), mean ms."""
+    accept, cancel, cpu = [], [], {"accept": [], "cancel": []}
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        c0, t0 = _cpu_of(pid), time.perf_counter()
         answer = client.call("POST", "/v1/jobs", {k: v for k, v in body.items() if k != "tasks"})
         accept.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        c1, t0 = _cpu_of(pid), time.perf_counter()
         client.call("POST", f"/v1/jobs/{answer['array_id']}/cancel")
         cancel.append(time.perf_counter() - t0)
+        cpu["accept"].append(c1 - c0)
+        cpu["cancel"].append(_cpu_of(pid) - c1)
     ms = lambda ts: {"p50_ms": round(statistics.median(ts) * 1e3, 1), "min_ms": round(min(ts) * 1e3, 1),
                      "max_ms": round(max(ts) * 1e3, 1)}  # fmt: skip
-    return {"tasks": body["tasks"], "repeat": repeat, "accept": ms(accept), "cancel": ms(cancel)}
+    out = {"tasks": body["tasks"], "repeat": repeat, "accept": ms(accept), "cancel": ms(cancel)}
+    if pid is not None:
+        out |= {f"{k}_cpu_ms": round(statistics.mean(v) * 1e3, 1) for k, v in cpu.items()}
+    return out
+
+
+def _cpu_of(pid: int | None) -> float:
+    """Seconds of CPU (user + system) process `pid` has used so far (0.0 without a pid)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def parallel_submits(argv: list[str], count: int, shells: int, env: dict[str, str]) -> dict:
@@ -221,8 +235,8 @@ def main() -> None:
     p.add_argument("--no-slurm", action="store_true", help="do not time Slurm even where sbatch is on PATH")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args()
-    if args.jobs < 2 or args.repeat < 1:
-        raise SystemExit("cli_speed: --jobs must be >= 2 and --repeat >= 1")
+    if args.jobs <= args.repeat or args.repeat < 1:  # `mesh cancel` cancels a different pending job each round
+        raise SystemExit("cli_speed: --repeat must be >= 1 and --jobs more than --repeat")
     with tempfile.TemporaryDirectory(prefix="mcs", dir="/tmp") as name:
         tmp = Path(name)
         if args.wheel:
@@ -271,7 +285,7 @@ def main() -> None:
                     codes[label].add(rc)
             array = time_array(mesh, str(trivial), args.array_tasks, args.array_repeat, env)
             array["at_daemon"] = time_array_at_daemon(client, array_body(str(trivial), name, args.array_tasks),
-                                                      args.daemon_repeat)
+                                                      args.daemon_repeat, proc.pid)
             array["parallel"] = parallel_submits([*mesh, "submit", str(trivial)], args.parallel, args.shells, env)
             array["parallel"]["python_floor"] = parallel_submits([python, "-c", "pass"], args.parallel, args.shells,
                                                                  env)
@@ -322,7 +336,8 @@ def bulk_lines(array: dict, slurm: dict | None) -> None:
     """The bulk figures, ours and Slurm's beside them."""
     at, par = array["at_daemon"], array["parallel"]
     print(f"--array 0-{at['tasks'] - 1} at meshd (request to answer): accept p50 {at['accept']['p50_ms']:.1f} ms, "
-          f"cancel p50 {at['cancel']['p50_ms']:.1f} ms (of {at['repeat']}); end to end (mesh submit) median "
+          f"cancel p50 {at['cancel']['p50_ms']:.1f} ms (of {at['repeat']}; meshd CPU {at.get('accept_cpu_ms', '-')} / "
+          f"{at.get('cancel_cpu_ms', '-')} ms); end to end (mesh submit) median "
           f"{array['median_ms']:.1f} ms")
     floor = par["python_floor"]
     print(f"{par['submits']} mesh submit from {par['shells']} shells: {par['wall_s']:.2f} s wall, "

@@ -12,11 +12,17 @@ Figures, p50 and p99 over repetitions on the same snapshot (a pass only reads th
   changed since the last pass (as in a burst of arrivals);
 * arrival after a progress report: the same, after one running job reported progress (an IterationReport
   handled by the engine), so the holders' arrays (policies/occupancy.py) catch up with that job first;
-* arrival after a rebuild: the same, after a change the state's change log cannot name (a node joined or
-  was lost), so the arrays are rebuilt from scratch inside the timed call;
+* arrival after an unnamed change: the same, after a change the state's change log cannot name (a timer tick,
+  a fitted model, forgotten jobs: `ClusterState.touch()`), so the arrays re-read every holder's reading and
+  catch up with those that moved (policies/castor_occupancy.py; here none) inside the timed call;
+* arrival after 300 reports: the same, after 300 running jobs reported progress (more than the arrays once
+  updated one by one: they were rebuilt from scratch inside the timed call; now re-read one by one up to half
+  the holders);
+* arrival after a node joins or is lost: the same, right after an (empty) 8-GPU node joined, and right after it
+  was lost again (the arrays grow by its GPUs and re-read the live nodes; they were rebuilt from scratch);
 * release: GPUs came free (Trigger.RELEASE): the queue is walked; the first SHARE_SEARCH_DEPTH (64) pending
   jobs that do not fit on free GPUs get the sharing search, in queue order.
-* lazer (a stack with Lazer's preemption layer): arrival passes in the acquisition stage (LogNEI on the X grid)
+* lazer (a stack with Lazer's preemption layer): arrival passes in the acquisition stage (expected improvement on the X grid)
   and in the exploitation stage (the GP mean), with a GP fitted beforehand on 100 synthetic observations (the
   size at which exploitation may begin; the fit itself runs off the pass: FitModel); each arrival is a
   decision (every GPU is busy, so the orchestrator finds victims and the predictor chooses X), and its
@@ -151,17 +157,33 @@ def measure(gpus: int, pending: int, policy: str, repeat: int) -> dict:
         eng.handle(ev.IterationReport(f"rep{k}", job.job_id, job.iterations_at(now), job.step_time), now)
         jid = rng.choice(queued)
         reported.time(lambda: stack.schedule(eng.view(jid), now, Trigger.ARRIVAL))
+    unnamed = _Clock()
     for _ in range(max(5, repeat // 10)):
-        eng.state.touch()  # a change the log cannot name: the arrays are rebuilt from scratch
+        eng.state.touch()  # a change the log cannot name: the arrays compare each holder's reading
+        jid = rng.choice(queued)
+        unnamed.time(lambda: stack.schedule(eng.view(jid), now, Trigger.ARRIVAL))
+    for k in range(max(5, repeat // 30)):
+        for i, job_id in enumerate(rng.sample(running, min(len(running), 300))):  # past what is updated job by job
+            job = eng.state.jobs[job_id]
+            eng.handle(ev.IterationReport(f"many{k}-{i}", job_id, job.iterations_at(now), job.step_time), now)
         jid = rng.choice(queued)
         rebuilt.time(lambda: stack.schedule(eng.view(jid), now, Trigger.ARRIVAL))
     decisions = 0
     for _ in range(max(5, repeat // 10)):
         decisions = len(release.time(lambda: stack.schedule(eng.view(), now, Trigger.RELEASE)))
+    nodes = _Clock()
+    for k in range(max(5, repeat // 30)):  # last: the other figures see the same snapshot as before
+        for e in (ev.NodeJoined(f"nj{k}", NodeSpec(f"x{k}", PER_NODE, "v100", 16384)), ev.NodeLost(f"nl{k}", f"x{k}")):
+            eng.policy = _Hold(stack.queue_key)  # (the engine's own pass would start jobs on the new node)
+            eng.handle(e, now)
+            eng.policy = stack
+            jid = rng.choice(queued)
+            nodes.time(lambda: stack.schedule(eng.view(jid), now, Trigger.ARRIVAL))
 
     out = {"policy": policy, "gpus": eng.state.total_gpus, "running_jobs": len(running), "pending": len(queued),
            "snapshot_build_s": round(built, 1), "arrival": arrival.stats(), "arrival_after_report": reported.stats(),
-           "arrival_after_rebuild": rebuilt.stats(), "release": release.stats(),
+           "arrival_after_unnamed_change": unnamed.stats(), "arrival_after_300_reports": rebuilt.stats(),
+           "arrival_after_node_join_or_loss": nodes.stats(), "release": release.stats(),
            "arrivals_started_shared": shared, "release_decisions": decisions}
     if isinstance(getattr(stack, "preemption", None), Lazer):
         out.update(lazer_stages(eng, queued, now, repeat))
@@ -230,7 +252,9 @@ def main() -> int:
           f"(built in {r['snapshot_build_s']} s); policy {r['policy']}")
     print(f"{'decision':26} {'wall p50':>9} {'wall p99':>9} {'cpu p50':>9} {'cpu p99':>9} {'n':>5}   (ms)")
     for key, label in (("arrival", "arrival"), ("arrival_after_report", "arrival after a report"),
-                       ("arrival_after_rebuild", "arrival after a rebuild"), ("release", "release pass")):
+                       ("arrival_after_unnamed_change", "after an unnamed change"),
+                       ("arrival_after_300_reports", "after 300 reports"),
+                       ("arrival_after_node_join_or_loss", "after a node join / loss"), ("release", "release pass")):
         s = r[key]
         print(f"{label:26} {s['wall_p50_ms']:9.2f} {s['wall_p99_ms']:9.2f} {s['cpu_p50_ms']:9.2f} "
               f"{s['cpu_p99_ms']:9.2f} {s['n']:5d}")

@@ -2,9 +2,9 @@
 
     python benchmarks/lazer_opt.py [--json] [--threads 1] [--updates 150] [--refit-every 5] [--seeds 3]
 
-* fit cost: seconds per `fit_model` (GP hyper-parameters + LogNoisyExpectedImprovement with its fantasies +
-  warmed caches) at 10, 50, 100, 200 observations; wall and CPU seconds, median over --repeat fits.
-* suggest cost (wall p50 / p99, and CPU ms per call): one `best_ei` (acquisition stage: LogNEI on the 101-point X grid) and one `mean_argmin`
+* fit cost: seconds per `fit_model` (the numpy GP's hyper-parameters by L-BFGS-B, its cached Cholesky factor
+  and incumbent: meshsched/policies/lazer_gp.py) at 10, 50, 100, 200 observations; wall and CPU seconds, median over --repeat fits.
+* suggest cost (wall p50 / p99, and CPU ms per call): one `best_ei` (acquisition stage: closed-form EI on the 101-point X grid) and one `mean_argmin`
   (exploitation stage: GP mean on the grid) per context, p50 / p99 over 50 contexts, per model size.
 * convergence: a synthetic problem whose ideal deferral F is a known function of the context,
   F(c) = clip(max_pause + 0.5 * load - 0.2 * mean_interarrival, 0, 100) (+ Gaussian noise of --noise s, clipped),

@@ -1,7 +1,7 @@
 """A model of a mesh of `--servers` servers where the node side is light: figures for 1,000 servers on one machine.
 
-ONE real leader: daemon.mesh.MeshLink (its proposal sequencing, log appends fenced by term, its own log following,
-member watch and snapshots every snapshot_entries / snapshot_bytes with compaction) over the real etcd client
+ONE real leader: daemon.mesh.MeshLink (its proposal sequencing, batched log appends fenced by term, its own log
+following, member watch and snapshots every snapshot_entries / snapshot_bytes with compaction) over the real etcd client
 (daemon.etcd.EtcdCoordinator) and a real etcd the benchmark starts in a temp dir; the engine is the real one (FIFO
 stack, tests/support/workload.engine). Only meshd's replica is a double (`ModelReplica`: it applies each entry to the
 engine, keeps the record payloads the submits carry and builds the same Snapshot as daemon.mesh_node.MeshReplica,
@@ -20,7 +20,8 @@ its watch to its log entry written), propose-to-applied (a node's put to the ent
 writes (counted per client call and as etcd's own committed raft proposals) per job and per second, log bytes per
 job and per entry kind, the snapshots written, the final snapshot's size and time (encode + write), a new node's
 catch-up (start to synced at the leader's position, from the newest snapshot and the log after it), etcd's db size
-before and after a compaction + defragment (etcd is started without auto-compaction, as etcd_local does).
+before and after a compaction + defragment (etcd is started without auto-compaction, as etcd_local does; the
+leader compacts its history after each snapshot), and the append transactions (entries per one).
 
     .venv/bin/python benchmarks/mesh_model.py --servers 1000 --gpus-per-server 8 --jobs 2000 --json
 """
@@ -69,7 +70,7 @@ class Stats:
         self.reset()
 
     def reset(self) -> None:
-        self.calls: Counter = Counter()  # etcd write calls by kind (put:log, delete:proposals, ...)
+        self.calls: Counter = Counter()  # etcd write calls by kind (put:proposals, txn:log, compact, ...)
         self.log_bytes: Counter = Counter()  # log entry bytes by event kind
         self.log_entries: Counter = Counter()
         self.arrived: dict[str, float] = {}  # proposal -> when the leader's watch saw it
@@ -78,6 +79,7 @@ class Stats:
         self.to_applied: list[float] = []
         self.snapshot_bytes: list[int] = []
         self.apply: list[float] = []  # the leader's engine.handle per entry
+        self.batch: list[int] = []  # log entries per append transaction
 
 
 class TimedCoordinator(EtcdCoordinator):
@@ -89,8 +91,25 @@ class TimedCoordinator(EtcdCoordinator):
 
     async def put(self, key: str, value: str, term: int | None = None) -> int:
         revision = await super().put(key, value, term)
+        if term is None:  # (a fenced put is one transaction: `append` counts it)
+            self._count(key, value, "put")
+        return revision
+
+    async def append(self, term: int, puts: list[tuple[str, str]], deletes: list[str]) -> int:
+        revision = await super().append(term, puts, deletes)
+        if len(puts) == 1 and not deletes:
+            self._count(*puts[0], "put")
+            return revision
+        self.stats.calls[f"txn:{(puts[0][0] if puts else deletes[0]).split('/', 1)[0]}"] += 1
+        self.stats.batch.append(len(puts))
+        for key, value in puts:
+            self._count(key, value, None)
+        return revision
+
+    def _count(self, key: str, value: str, call: str | None) -> None:
         family = key.split("/", 1)[0]
-        self.stats.calls[f"put:{family}"] += 1
+        if call:
+            self.stats.calls[f"{call}:{family}"] += 1
         if family == "log":
             found = PROPOSAL.search(value)
             if found:
@@ -103,7 +122,10 @@ class TimedCoordinator(EtcdCoordinator):
                 self.stats.log_entries[kind] += 1
         elif family in ("snapshots", "snapshot-parts"):
             self.stats.snapshot_bytes.append(len(value))
-        return revision
+
+    async def compact(self, revision: int) -> None:
+        self.stats.calls["compact"] += 1
+        await super().compact(revision)
 
     async def delete(self, key: str, term: int | None = None) -> bool:
         self.stats.calls[f"delete:{key.split('/', 1)[0]}"] += 1
@@ -383,6 +405,8 @@ async def model(url: str, args: argparse.Namespace) -> dict:
         "ttl": args.ttl, "loop_wait": args.loop_wait, "join_phase_s": round(join_s, 2), "join_phase_writes": join_calls,
         "submit_phase_s": round(submit_s, 2), "run_s": round(run_s, 2), "log_entries": log_entries,
         "log_entries_per_s": round(log_entries / run_s, 1),
+        "append_txns": len(stats.batch), "entries_per_txn": {"mean": round(sum(stats.batch) / max(1, len(stats.batch)),
+                                                                           2), "max": max(stats.batch, default=0)},
         "decision_ms": {"n": len(stats.decision), "p50": pct(stats.decision, 0.5), "p99": pct(stats.decision, 0.99),
                         "max": pct(stats.decision, 1.0)},
         "propose_to_applied_ms": {"n": len(stats.to_applied), "p50": pct(stats.to_applied, 0.5),
@@ -426,6 +450,7 @@ def table(r: dict) -> str:
         ("servers x GPUs", f"{r['servers']} x {r['gpus_per_server']}"),
         ("jobs finished", f"{r['jobs_finished']} / {r['jobs']} in {r['run_s']} s ({r['rate_jobs_per_s']} jobs/s)"),
         ("log entries", f"{r['log_entries']} ({r['log_entries_per_s']} /s) {r['log_entries_by_kind']}"),
+        ("appends", f"{r['append_txns']} transactions, entries per one {r['entries_per_txn']}"),
         ("leader decision p50 / p99", f"{d['p50']} / {d['p99']} ms (n={d['n']})"),
         ("propose-to-applied p50 / p99", f"{p['p50']} / {p['p99']} ms"),
         ("leader engine apply p50 / p99", (f"{r['engine_apply_ms']['p50']} / {r['engine_apply_ms']['p99']} ms "

@@ -14,18 +14,22 @@ second thread, `--partitions` times a random node that does not lead has its lin
 end in seconds from the start of phase 2, with the kills, restarts and cuts around them), failover p50/p95,
 submit-to-RUNNING p50/p95, etcd's database file at the end (and per job), and a new node's join time (started in a
 spare namespace after the run: launch to alive in its own view at the leader's log position; it loads the newest
-snapshot). `--logs DIR` keeps every meshd's log.
+snapshot), the machine's 1-minute load average around phase 1 and every 30 s after, and the wall time.
+`--logs DIR` keeps every meshd's log. A meshd task that dies (`mesh: _follow failed: ...` in its log: that node
+applies no more of the log) stops the run in one line, exit 1, instead of a wait for ever.
 Needs root, iproute2 and the `etcd` binary. Progress on stderr.
 """
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import contextlib
 import itertools
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import threading
@@ -40,6 +44,17 @@ from benchmarks.failover import Bench, pct
 from tests.support.netns import Fabric, NetnsMesh, NetnsUnavailable
 
 
+TASK_DIED = re.compile(r"mesh: (\w+) failed: (.*)")  # MeshLink._done: a meshd task ended by an exception
+STOPPED: list[str] = []  # why the watcher stopped the run (it interrupts the main thread)
+
+
+def task_death(text: str) -> str | None:
+    """The first line of a meshd log chunk saying one of MeshLink's tasks died (its `_follow`: that node applies
+    no more of the log; on every node: the mesh stands still and the run would wait for ever)."""
+    found = TASK_DIED.search(text)
+    return None if found is None else f"{found.group(1)} failed: {found.group(2).strip()}"
+
+
 class ScaleBench(Bench):
     def __init__(self, args, fabric: Fabric) -> None:
         super().__init__(args)
@@ -47,6 +62,8 @@ class ScaleBench(Bench):
         self.mesh = NetnsMesh(self.root, nodes=args.nodes, gpus=args.gpus, ttl=args.ttl,
                               node_grace=args.node_grace, fabric=fabric)
         self.partitioned: list[dict] = []
+        self.load: list[float] = []  # 1-minute load averages, every 30 s from phase 2 on
+        self.watching = True  # watch_logs stops the run if a meshd task dies (until the run stops the mesh)
         self.events: list[tuple[float, str, str]] = []  # (wall clock, what, node): kills, restarts, cuts
         kill, launch = self.mesh.kill, self.mesh.launch
 
@@ -116,6 +133,33 @@ class ScaleBench(Bench):
                         "events": near})
         return out
 
+    def watch_logs(self) -> None:
+        """Every 10 s, the new complete lines of each meshd's log: a task that died stops the run in one line."""
+        offsets: dict[str, int] = {}
+        while self.watching:
+            time.sleep(10)
+            for node in list(self.mesh.members):
+                try:
+                    with open(node.config.parent / "meshd.log", "rb") as f:
+                        f.seek(offsets.get(node.name, 0))
+                        chunk = f.read()
+                except OSError:
+                    continue
+                chunk = chunk[:chunk.rfind(b"\n") + 1]  # a line still being written: read it whole next time
+                offsets[node.name] = offsets.get(node.name, 0) + len(chunk)
+                died = task_death(chunk.decode(errors="replace"))
+                if died is not None and self.watching:  # not once the run stops the mesh itself
+                    self.watching = False
+                    STOPPED.append(f"meshd {node.name}: {died}")
+                    _thread.interrupt_main()
+                    return
+
+    def sample_load(self) -> None:
+        """The machine's 1-minute load average every 30 s from phase 2 on (the figures depend on it)."""
+        while True:
+            self.load.append(round(os.getloadavg()[0], 2))
+            time.sleep(30)
+
     def join_time(self) -> dict:
         """A new node started after the run: seconds from launch to alive, at the leader's log position."""
         i = self.args.nodes + 1
@@ -143,11 +187,16 @@ def run(args, fabric: Fabric) -> dict:
     bench = ScaleBench(args, fabric)
     try:
         bench.mesh.start()
+        threading.Thread(target=bench.watch_logs, daemon=True).start()
         for node in bench.mesh.members:
             bench.mesh.wait_up(node, timeout=120)
         bench.wait_joined(timeout=180)
         print("phase 1: submit-to-RUNNING through a non-leader", file=sys.stderr)
+        load1 = os.getloadavg()
         lat = bench.latency()
+        load1 = {"before": [round(x, 2) for x in load1], "after": [round(x, 2) for x in os.getloadavg()]}
+        sampler = threading.Thread(target=bench.sample_load, daemon=True)
+        sampler.start()
         t_start = time.time()
         print(f"phase 2: {args.jobs} jobs, {args.kills} leader kills, {args.partitions} partitions", file=sys.stderr)
         cutter = threading.Thread(target=bench.partitions, args=(time.monotonic(),), daemon=True)
@@ -164,6 +213,7 @@ def run(args, fabric: Fabric) -> dict:
         join = bench.join_time()
         position = bench.mesh.nodes_view(bench.wait_leader()[0])[0]["mesh"]
     finally:
+        bench.watching = False
         bench.mesh.stop()
         if args.logs:
             Path(args.logs).mkdir(parents=True, exist_ok=True)
@@ -184,6 +234,7 @@ def run(args, fabric: Fabric) -> dict:
         "etcd_db_bytes": db, "etcd_db_bytes_per_job": round(db / max(acked, 1)),
         "log_position": position.get("log_position"), "snapshot_index": position.get("snapshot_index"),
         "snapshots_written": position.get("snapshots_written"), "new_node": join,
+        "load_avg_phase1": load1, "load_avg_1min_every_30s": bench.load,
     }
 
 
@@ -222,11 +273,19 @@ def main() -> int:
     p.add_argument("--settle", type=float, default=300.0, help="seconds to wait for every job to end")
     args = p.parse_args()
     args.duration = args.duration or max(30.0, args.jobs / 4)
+    started = time.monotonic()
     try:
         with Fabric(args.nodes + 2) as fabric:  # etcd, the nodes, and a spare for the joining node
             out = run(args, fabric)
+        out["wall_s"] = round(time.monotonic() - started)
     except NetnsUnavailable as e:
         print(f"mesh_scale: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        if not STOPPED:
+            raise
+        print(f"mesh_scale: stopped, the mesh no longer follows its log ({STOPPED[0]}); no figures (--logs keeps "
+              "every meshd's log)", file=sys.stderr)
         return 1
     print(json.dumps(out, indent=2) if args.json else table(out))
     return 0

@@ -1,6 +1,11 @@
 """Simulator speed: jobs and events replayed per second on the Philly trace (64 x 8 V100, seed 1).
 
     python benchmarks/sim_speed.py [--policies sjf,srtf,castor] [--load 2] [--jobs N] [--nodes 64] [--json]
+    python benchmarks/sim_speed.py --baseline ../base-609ef40 --json   # the same replays on another checkout too
+
+`--baseline TREE` (repeatable) replays each policy in TREE too (its meshsched first on the path, older module layouts
+included), right after this tree's, timing the replay alone the same way (wall and CPU seconds, events), so the
+figures come from the same machine in the same run; `vs_baselines_cpu` is this tree's CPU time over each one's.
 
 Prints one line per policy: wall seconds, CPU seconds (the process's own; on a shared machine the wall time also
 counts waiting for a core), jobs/s, events/s, and the mean JCT (so a speed-up that moved results shows).
@@ -12,6 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
 
 from meshsched.perf import DEFAULT_GPU_TYPE
@@ -33,6 +41,9 @@ def main() -> None:
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=1, help="runs per policy; the best is reported")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--baseline", action="append", default=[],
+                    help="another checkout (e.g. a git worktree of 609ef40) to time too, right after this tree "
+                         "(repeatable)")
     args = ap.parse_args()
 
     perf = load_perf_model()
@@ -49,21 +60,68 @@ def main() -> None:
     for name in args.policies.split(","):
         best = None
         for _ in range(args.repeat):
+            policy = make_policy(name, installed_handle())  # built outside the timing, as in a baseline
             t0, c0 = time.perf_counter(), time.process_time()
-            r = simulate(trace.jobs, make_policy(name, installed_handle()), perf, cluster)
+            r = simulate(trace.jobs, policy, perf, cluster)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             if best is None or wall < best[0]:
                 best = (wall, cpu, r)
         wall, cpu, r = best
         row = {"policy": name, "jobs": len(trace.jobs), "load": args.load, "wall_s": round(wall, 1),
-               "cpu_s": round(cpu, 1), "jobs_per_s": round(len(trace.jobs) / wall), "events": r.events,
+               "cpu_s": round(cpu, 2), "jobs_per_s": round(len(trace.jobs) / wall), "events": r.events,
                "events_per_s": round(r.events / wall), "jct_mean_h": summarise(r, name).jct_mean_h}
+        if args.baseline:
+            row["baselines"] = [baseline(args, name, tree) for tree in args.baseline]
+            row["vs_baselines_cpu"] = [round(cpu / max(b["cpu_s"], 1e-9), 3) for b in row["baselines"]]
         rows.append(row)
         if not args.json:
             print(f"{name:10s} {wall:7.1f} {cpu:7.1f} {row['jobs_per_s']:7d} {row['events_per_s']:8d} {r.events:8d} "
                   f"{row['jct_mean_h']:10.4f}", flush=True)
     if args.json:
         print(json.dumps({"trace": trace.name, "trace_load_s": round(loaded, 2), "results": rows}, indent=1))
+
+
+# Run inside another checkout (its meshsched first on the path): the same replay timed the same way, whatever that
+# checkout's module layout (older ones had load_perf_model in meshsched.perf, traces in meshsched.sim, make_policy
+# without a handle). Prints one JSON line.
+_CHILD = """
+import json, sys, time
+try:
+    from meshsched.loaders.profiles import load_perf_model, installed_handle
+    from meshsched.loaders.traces import TraceOptions, load_trace
+except ImportError:
+    from meshsched.perf import load_perf_model
+    from meshsched.sim.traces import TraceOptions, load_trace
+    installed_handle = None
+from meshsched.perf import DEFAULT_GPU_TYPE
+from meshsched.policies.registry import make_policy
+from meshsched.sim.loop import ClusterSpec, simulate
+import meshsched
+name, trace_name, nodes, per, jobs, load = sys.argv[1:7]
+perf = load_perf_model()
+kw = {} if float(load) == 1.0 else {"load": float(load)}
+trace = load_trace(trace_name, perf, TraceOptions(DEFAULT_GPU_TYPE, int(per), seed=1, first_n=int(jobs) or None, **kw))
+cluster = ClusterSpec(int(nodes), int(per), DEFAULT_GPU_TYPE, perf.gpu_memory_mb(DEFAULT_GPU_TYPE))
+policy = make_policy(name) if installed_handle is None else make_policy(name, installed_handle())
+t0, c0 = time.perf_counter(), time.process_time()
+r = simulate(trace.jobs, policy, perf, cluster)
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+print(json.dumps({"tree": meshsched.__file__.rsplit("/meshsched/", 1)[0], "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+                  "events": r.events, "events_per_s": round(r.events / wall)}))
+"""
+
+
+def baseline(args, name: str, tree: str) -> dict:
+    """The same replay in TREE (its meshsched first on the path), timed like this tree's: wall and CPU seconds of
+    the replay alone (trace loading not counted), its events."""
+    tree = os.path.abspath(tree)
+    cmd = [sys.executable, "-c", _CHILD, name, args.trace, str(args.nodes), str(args.gpus_per_node),
+           str(args.jobs or 0), str(args.load)]
+    env = dict(os.environ, PYTHONPATH=tree)
+    out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"the baseline {tree} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

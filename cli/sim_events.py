@@ -34,7 +34,8 @@ def events_effect(said: list, names: list[str], fresh_stacks: dict, tr, perf, cl
     out = {}
     for name in names:
         try:
-            base = simulate(tr.jobs, fresh_stacks[name], perf, cluster, rules=rules)
+            base = simulate(tr.jobs, fresh_stacks[name], perf, cluster, rules=rules,
+                            durations=tr.durations if len(tr.durations) == len(tr.jobs) else None)
         except RuntimeError as e:
             fail(f"{name} (without --events): {e}")
         out[name] = {"delayed_by_events": delayed_jobs(results[name], base),

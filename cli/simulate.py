@@ -258,6 +258,7 @@ def _replay(names: list[str], stacks: dict, tr, perf, cluster, rules, json_out: 
                 r = simulate(
                     tr.jobs, stacks[name], perf, cluster,
                     progress=lambda n, task=task: bar.update(task, completed=n), rules=rules, events=events,
+                    durations=tr.durations if len(tr.durations) == len(tr.jobs) else None,
                 )  # fmt: skip
             except RuntimeError as e:
                 fail(f"{name}: {e}")

@@ -121,12 +121,7 @@ async def cancel(request: web.Request) -> web.Response:
     d = request.app[DAEMON_KEY]
     job_id = request.match_info["job_id"]
     if job_id not in d.records and d.control.targets(job_id):  # an array: every task of it
-        tasks = []
-        with d.journal.batch():
-            for rec in d.control.targets(job_id):
-                before = rec.state
-                tasks.append({"job_id": rec.job_id, "state": _shown(d.cancel(rec.job_id)), "previous_state": before})
-        return web.json_response({"array_id": job_id, "tasks": tasks})
+        return web.json_response({"array_id": job_id, "tasks": _cancel_all(d, d.control.targets(job_id))})
     d, rec = _record(request)
     before = rec.state  # `mesh cancel` says when the job had already ended and nothing was done
     who = users.peer(request)
@@ -153,12 +148,15 @@ async def bulk_cancel(request: web.Request) -> web.Response:
             return _error(403, why)
     if signum is not None:
         return web.json_response({"signal": signum, "jobs": d.control.signal(recs, signum)})
-    jobs = []
-    with d.journal.batch():
-        for rec in recs:
-            before = rec.state
-            jobs.append({"job_id": rec.job_id, "state": _shown(d.cancel(rec.job_id)), "previous_state": before})
-    return web.json_response({"jobs": jobs})
+    return web.json_response({"jobs": _cancel_all(d, recs)})
+
+
+def _cancel_all(d, recs: list) -> list[dict]:
+    """Cancel every job of `recs` in one batch (one scheduling pass after the last: `NodeDaemon.cancel_many`); each
+    job's id, state after and state before."""
+    before = [rec.state for rec in recs]
+    after = d.cancel_many([rec.job_id for rec in recs])
+    return [{"job_id": rec.job_id, "state": _shown(rec), "previous_state": was} for rec, was in zip(after, before)]
 
 
 def _shown(rec) -> str:

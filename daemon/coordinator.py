@@ -127,6 +127,13 @@ class Coordinator(Protocol):
 
     async def list(self, prefix: str = "") -> Listing: ...
 
+    async def append(self, term: int, puts: list[tuple[str, str]], deletes: list[str]) -> int:
+        """Put `puts` and delete the records `deletes` names in ONE transaction, only while `term` is current
+        (StaleTerm otherwise): all or none. The revision."""
+
+    async def compact(self, revision: int) -> None:
+        """Drop the store's change history before `revision` (watches from before it get WatchCompacted)."""
+
     def watch(self, prefix: str = "", since: int | None = None) -> AsyncIterator[Change]: ...
 
     async def close(self, release: bool = True) -> None: ...
@@ -243,6 +250,20 @@ class LocalCoordinator:
             del self._records[key]
             self._change(ChangeKind.DELETE, key, None)
         return len(doomed)
+
+    async def append(self, term: int, puts: list[tuple[str, str]], deletes: list[str]) -> int:
+        self._fence(term)
+        for key in [k for k, _ in puts] + deletes:
+            check_key(key)  # all or none
+        for key, value in puts:
+            await self.put(key, value)
+        for key in deletes:
+            await self.delete(key)
+        return self._revision
+
+    async def compact(self, revision: int) -> None:
+        while self._log and self._log[0].revision < revision:
+            self._log.popleft()
 
     async def list(self, prefix: str = "") -> Listing:
         return Listing({k: v for k, v in sorted(self._records.items()) if k.startswith(prefix)}, self._revision)

@@ -68,6 +68,22 @@ class EngineLoop:
         finally:
             self._dispatching = False
 
+    def dispatch_many(self, events: list[ev.Event]) -> None:
+        """Feed events that happened together (an array's tasks, a bulk cancel) to the engine with one scheduling
+        pass after the last (`Engine.handle_many`), in one journal transaction; while one is being handled, they
+        are queued behind it, one by one."""
+        if len(events) < 2 or self._dispatching or self._events:
+            for event in events:
+                self.dispatch(event)
+            return
+        self._dispatching = True
+        try:
+            self.handle_many(events)
+            while self._events:
+                self.handle(self._events.popleft())
+        finally:
+            self._dispatching = False
+
     def dispatch_queued(self) -> None:
         """Handle what was queued while nothing is being handled (an input queued from outside the loop)."""
         if self._events and not self._dispatching:
@@ -107,6 +123,22 @@ class EngineLoop:
                 self.forgot(event.job_ids)
             if index is not None:
                 self.journal.set_applied(index)
+        self.disk.check()
+        self.after(touched)
+
+    def handle_many(self, events: list[ev.Event], now: float | None = None) -> None:
+        """`handle` for events that happened together (one server): one engine call, one transaction."""
+        now = time.time() if now is None else now
+        memory = self.engine.memory
+        with self.journal.batch(defer=True):
+            actions = self.engine.handle_many(events, now)
+            touched = [getattr(e, "job_id", None) or e.spec.job_id for e in events] + self.engine.take_changed()
+            if self.engine.memory is not memory:
+                self._journal_memory()
+            for action in actions:
+                dispatch("meshd", self.handlers, action)
+            for job_id in dict.fromkeys(touched):
+                self._sync(job_id, now)
         self.disk.check()
         self.after(touched)
 

@@ -498,12 +498,9 @@ class EtcdCoordinator:
 
     # ---------------------------------------------------------------- records
 
-    def _fenced(self, term: int, request: dict) -> dict:
-        return {
-            "compare": [{"key": _b64(self._leader_key), "target": "CREATE", "result": "EQUAL",
-                         "create_revision": str(term)}],
-            "success": [request],
-        }
+    def _fenced(self, term: int, *requests: dict) -> dict:
+        return {"compare": [{"key": _b64(self._leader_key), "target": "CREATE", "result": "EQUAL",
+                             "create_revision": str(term)}], "success": list(requests)}
 
     async def _refuse(self, term: int) -> StaleTerm:
         current = await self.leader()
@@ -515,10 +512,7 @@ class EtcdCoordinator:
         request = {"key": _b64(self._records_prefix + check_key(key)), "value": _b64(value)}
         if term is None:
             return int((await self._gateway.call("/v3/kv/put", request))["header"]["revision"])
-        data = await self._gateway.call("/v3/kv/txn", self._fenced(term, {"request_put": request}))
-        if not data.get("succeeded"):
-            raise await self._refuse(term)
-        return int(data["header"]["revision"])
+        return await self.append(term, [(key, value)], [])
 
     async def get(self, key: str) -> str | None:
         data = await self._gateway.call("/v3/kv/range", {"key": _b64(self._records_prefix + check_key(key))})
@@ -545,6 +539,23 @@ class EtcdCoordinator:
         if not data.get("succeeded"):
             raise await self._refuse(term)
         return int(data["responses"][0]["response_delete_range"].get("deleted", 0))
+
+    async def append(self, term: int, puts: list[tuple[str, str]], deletes: list[str]) -> int:
+        """Puts and deletes in ONE txn, fenced by `term` (etcd's --max-txn-ops, 128 by default, bounds them)."""
+        ops = [{"request_put": {"key": _b64(self._records_prefix + check_key(k)), "value": _b64(v)}} for k, v in puts]
+        ops += [{"request_delete_range": {"key": _b64(self._records_prefix + check_key(k))}} for k in deletes]
+        data = await self._gateway.call("/v3/kv/txn", self._fenced(term, *ops))
+        if not data.get("succeeded"):
+            raise await self._refuse(term)
+        return int(data["header"]["revision"])
+
+    async def compact(self, revision: int) -> None:
+        """etcd's history before `revision` dropped (all keys'; the space is reused, `defragment` returns it)."""
+        try:
+            await self._gateway.call("/v3/kv/compaction", {"revision": str(revision)})
+        except EtcdError as exc:
+            if exc.code != 11:  # OutOfRange: compacted there already (another leader's snapshot)
+                raise
 
     async def list(self, prefix: str = "") -> Listing:
         full = self._records_prefix + prefix

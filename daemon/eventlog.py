@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 
 from meshsched import events as ev
 from meshsched.state import Dependency, DependencyKind, ExecConfig, JobSpec, NodeSpec
 
-# every event a node may propose (ModelFitted carries a live model object: it never crosses the mesh)
+# every event a node may propose, field by field; ModelFitted crosses too, its model through daemon/model_codec.py
+# (`CARRIED`): one node fits (daemon/node.py), every node installs the same model
 LOGGED = {cls.__name__: cls for cls in (
     ev.JobSubmitted, ev.JobStarted, ev.IterationReport, ev.JobPaused, ev.JobFinished, ev.JobFailed,
     ev.CancelRequested, ev.NodeJoined, ev.NodeLost, ev.Tick, ev.CheckpointSaved, ev.ReconfigureApplied,
@@ -55,8 +56,35 @@ def index_of(key: str) -> int:
     return int(key.rsplit("/", 1)[1])
 
 
+CARRIED = {"ModelFitted": ev.ModelFitted}  # events with a model in them (`encode_fitted`, `decode_fitted`)
+
+
+def encode_fitted(event: ev.ModelFitted) -> dict:
+    """A ModelFitted whose model is plain data already (the fitting worker encoded it) or encodes now."""
+    from meshsched.daemon.model_codec import ModelCodecError, encode_model, is_encoded
+
+    try:
+        model = event.model if is_encoded(event.model) else encode_model(event.model)
+    except ModelCodecError as exc:
+        raise LogError(f"ModelFitted cannot cross the mesh: {exc}") from None
+    return {"type": "ModelFitted", "stimulus_id": event.stimulus_id, "model": model}
+
+
+def decode_fitted(data: dict) -> ev.ModelFitted:
+    """The ModelFitted every node dispatches, its model decoded (bit-identical on every node); LogError (one
+    line: the entry is skipped and the policy keeps its previous model) for a model that does not decode."""
+    from meshsched.daemon.model_codec import ModelCodecError, decode_model
+
+    try:
+        return ev.ModelFitted(str(data["stimulus_id"]), decode_model(data.get("model")))
+    except ModelCodecError as exc:
+        raise LogError(f"a fitted model refused ({exc}): the policy keeps its previous model") from None
+
+
 def encode_event(event: ev.Event) -> dict:
     name = type(event).__name__
+    if name in CARRIED:
+        return encode_fitted(event)
     if name not in LOGGED:
         raise LogError(f"{name} cannot cross the mesh")
     out: dict = {"type": name}
@@ -75,6 +103,8 @@ def encode_event(event: ev.Event) -> dict:
 
 
 def decode_event(data: dict) -> ev.Event:
+    if data.get("type") in CARRIED:
+        return decode_fitted(data)
     cls = LOGGED.get(data.get("type", ""))
     if cls is None:
         raise LogError(f"unknown event type {data.get('type')!r}")
@@ -142,10 +172,14 @@ class Snapshot:
     last_seq: dict  # node -> newest proposal sequence applied
     addresses: dict  # node -> address
     submitted: dict = field(default_factory=dict)  # node -> highest job seq (`NODE.SEQ`) the log has submitted
+    model: dict | None = None  # the engine's fitted model (daemon/model_codec.py), where it has one that encodes
 
     def to_json(self) -> str:
-        return json.dumps({"i": self.index, "engine": self.engine, "rec": self.records, "seq": self.last_seq,
-                           "addr": self.addresses, "sub": self.submitted}, separators=(",", ":"))
+        out = {"i": self.index, "engine": self.engine, "rec": self.records, "seq": self.last_seq,
+               "addr": self.addresses, "sub": self.submitted}
+        if self.model is not None:
+            out["model"] = self.model
+        return json.dumps(out, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Snapshot:
@@ -153,13 +187,40 @@ class Snapshot:
             d = json.loads(text)
             if "broken" in d:  # join_snapshots: its parts do not make the snapshot its head names
                 raise ValueError(d["broken"])
-            snap = cls(int(d["i"]), d["engine"], d["rec"], d["seq"], d["addr"], d.get("sub", {}))
+            snap = cls(int(d["i"]), d["engine"], d["rec"], d["seq"], d["addr"], d.get("sub", {}), d.get("model"))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise LogError(f"unreadable snapshot: {type(exc).__name__}: {exc}") from None
         if not all(isinstance(v, dict) for v in (snap.engine, snap.records, snap.last_seq, snap.addresses,
                                                  snap.submitted)):
             raise LogError("unreadable snapshot: a part of it is not a mapping")
         return snap
+
+
+def with_model(snap: Snapshot, replica) -> Snapshot:
+    """`snap` with the fitted model of `replica`'s engine (Lazer's GP), so a node that loads it installs the same
+    model instead of asking for a fit only the leader runs; without one where there is none or it does not encode
+    (that node's policy then asks for a fit again)."""
+    model = getattr(getattr(getattr(replica, "ctx", None), "engine", None), "model", None)
+    if model is None:
+        return snap
+    from meshsched.daemon.model_codec import ModelCodecError, encode_model
+
+    try:
+        return replace(snap, model=encode_model(model))
+    except ModelCodecError:
+        return snap
+
+
+def install_model(snap: Snapshot, replica, refuse: typing.Callable[[str], None]) -> None:
+    """After `snap` loaded into `replica`'s engine: its fitted model, decoded, is the engine's; one that does not
+    decode is refused in one line through `refuse` (the snapshot stands; the policy asks for a fit again)."""
+    engine = getattr(getattr(replica, "ctx", None), "engine", None)
+    if snap.model is None or engine is None:
+        return
+    try:
+        engine.model = decode_fitted({"stimulus_id": "snapshot", "model": snap.model}).model
+    except LogError as exc:
+        refuse(f"snapshot {snap.index}: {exc}")
 
 
 def load_newest(items: dict[str, str], load: typing.Callable[[Snapshot], object],

@@ -11,6 +11,7 @@ every id given out and every job directory, kept apart from the journal), so a l
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import operator
@@ -48,6 +49,7 @@ CREATE TABLE IF NOT EXISTS accounting (
     row TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS accounting_end ON accounting(end_time);
+CREATE TABLE IF NOT EXISTS envs (digest TEXT PRIMARY KEY, env TEXT NOT NULL);
 """
 
 TERMINAL = frozenset(s.value for s in JobState if s.is_terminal)  # a record's state: the job has ended
@@ -131,10 +133,15 @@ class JobRecord:
     ran: float = 0.0
     held_since: float | None = None
 
-    def to_json(self) -> str:
+    def to_json(self, env_ref: str = "") -> str:
         """The same text as json.dumps(asdict(self)), without asdict's deep copy (the fields hold plain values,
-        lists and dicts): a 300-task array is 600 of these."""
-        return json.dumps({f: getattr(self, f) for f in _RECORD_FIELDS}, separators=(",", ":"))
+        lists and dicts): a 300-task array is 600 of these. The env is encoded once for the records that share
+        one dict (an array's tasks: `_env_text`), the fields before and after it each in one call. `env_ref`: the
+        journal's text, which names the env by its digest instead (`Journal.put`)."""
+        head = _ENCODE({f: getattr(self, f) for f in _HEAD_FIELDS})
+        tail = _ENCODE({f: getattr(self, f) for f in _TAIL_FIELDS})
+        env = f'"env_ref":"{env_ref}"' if env_ref else f'"env":{_env_text(self.env)[0]}'
+        return f"{head[:-1]},{env},{tail[1:]}"
 
     def values(self) -> tuple:
         """Every field's value in declaration order: a cheap snapshot, equal to a later one while the record's JSON
@@ -148,6 +155,19 @@ class JobRecord:
 
 _RECORD_FIELDS = tuple(f.name for f in fields(JobRecord))  # JobRecord.to_json's keys, in declaration order
 _VALUES = operator.attrgetter(*_RECORD_FIELDS)  # JobRecord.values
+_HEAD_FIELDS = _RECORD_FIELDS[: _RECORD_FIELDS.index("env")]  # (job_id first: never empty)
+_TAIL_FIELDS = _RECORD_FIELDS[_RECORD_FIELDS.index("env") + 1 :]  # (job_dir first)
+_ENV_TEXT: list = [None, "", ""]  # the last env dict encoded, its JSON text and that text's digest
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(.., separators=..) without a new encoder each
+
+
+def _env_text(env: dict) -> tuple[str, str]:
+    """`env` as JSON and the text's digest; the last dict's again when it is the same object (meshd never changes a
+    record's env in place: an array's tasks share theirs, `daemon.submission.array_env`)."""
+    if _ENV_TEXT[0] is not env:
+        text = _ENCODE(env)
+        _ENV_TEXT[:] = [env, text, hashlib.sha256(text.encode()).hexdigest()[:32]]
+    return _ENV_TEXT[1], _ENV_TEXT[2]
 
 
 class JournalError(RuntimeError):
@@ -205,6 +225,7 @@ class Journal:
         self._defer = False  # the open batch keeps its writes in memory when they cannot be committed
         self._order = itertools.count()  # transitions are rows of their own, in order
         self.pending: dict[tuple, tuple[str, tuple]] = {}  # writes a failed commit kept (retried with the next)
+        self._envs: set[str] = set()  # digests of the envs committed to the `envs` table
         self.failure = ""  # why the last commit failed ("" once one succeeded)
 
     @contextmanager
@@ -251,6 +272,7 @@ class Journal:
             self.pending = rows
             return
         self.pending, self.failure = {}, ""
+        self._envs.update(key[1] for key in rows if key[0] == "env")  # committed: not written again
 
     def retry(self) -> bool:
         """Commit what earlier batches could not; True when nothing is kept any more. A commit the disk still
@@ -317,10 +339,17 @@ class Journal:
         self._stage(("meta", "mesh_applied"), "INSERT OR REPLACE INTO meta VALUES ('mesh_applied', ?)", (str(index),))
 
     def put(self, rec: JobRecord) -> None:
+        """A job's record, in the open batch. An array task's env is the array's: written once (the `envs` table, by
+        the digest of its text) and named by its record, not copied into each of its tasks' records."""
         self.writes += 1
         self.stamps[rec.job_id] = self.writes
+        ref = ""
+        if rec.array_id:
+            text, ref = _env_text(rec.env)
+            if ref not in self._envs and ("env", ref) not in self._rows:
+                self._stage(("env", ref), "INSERT OR IGNORE INTO envs (digest, env) VALUES (?, ?)", (ref, text))
         self._stage(("job", rec.job_id), "INSERT OR REPLACE INTO jobs (job_id, seq, record, state) VALUES (?, ?, ?, ?)",
-                    (rec.job_id, rec.seq, rec.to_json(), rec.state))
+                    (rec.job_id, rec.seq, rec.to_json(ref), rec.state))
 
     def transition(self, job_id: str, time: float, state: str, reason: str) -> None:
         self._stage(("transition", next(self._order)),
@@ -350,9 +379,25 @@ class Journal:
     def load(self) -> list[JobRecord]:
         """All job records in submission order."""
         try:
-            return [JobRecord.from_json(r[0]) for r in self._db.execute("SELECT record FROM jobs ORDER BY seq")]
+            texts = dict(self._db.execute("SELECT digest, env FROM envs"))
+            envs: dict[str, dict] = {}  # an array's tasks share one env dict again, as at submit
+            recs = []
+            for (text,) in self._db.execute("SELECT record FROM jobs ORDER BY seq"):
+                data = json.loads(text)
+                if "env_ref" in data:
+                    ref = data.pop("env_ref")
+                    data["env"] = envs[ref] if ref in envs else envs.setdefault(ref, json.loads(texts[ref]))
+                recs.append(JobRecord(**data))
         except (sqlite3.DatabaseError, ValueError, TypeError) as exc:
             raise JournalError(unusable(self.path, str(exc))) from None
+        except KeyError as exc:
+            raise JournalError(unusable(self.path, f"a record names an environment it lacks ({exc})")) from None
+        self._envs = set(envs)
+        if len(envs) < len(texts):  # the envs of arrays retention forgot entirely (a full disk: kept for later)
+            with self.batch(defer=True):
+                for ref in texts.keys() - envs.keys():
+                    self._stage(("unenv", ref), "DELETE FROM envs WHERE digest=?", (ref,))
+        return recs
 
     def history(self, job_id: str) -> list[tuple[float, str, str]]:
         rows = self._db.execute("SELECT time, state, reason FROM transitions WHERE job_id=? ORDER BY id", (job_id,))

@@ -3,15 +3,17 @@
 Every node replays the same event log (`daemon.eventlog`) through its own engine, so every node holds the
 whole mesh's state (`mesh ls` on any node shows every job) and carries out the actions that touch its own
 GPUs. Nodes never decide alone: what happens here (a submit, an exit, a report, a cancel) is *proposed*; the
-leader copies proposals into the log in one order, each write fenced by its term, and arms the engine's
-timer. A new leader needs no rebuild: it has applied the same log. Local-first: while the leader is gone, jobs
+leader copies proposals into the log in one order, in batches (one etcd transaction fenced by its term puts a
+batch's entries and deletes their proposals), and arms the engine's timer. A new leader needs no rebuild: it
+has applied the same log. Local-first: while the leader is gone, jobs
 keep running, proposals wait in an outbox (a file, `mesh-outbox.jsonl`, written before a proposal is
 acknowledged, taken back by the next meshd: a SIGKILL loses none), and everything flows once there is a leader
 again. The leader declares a node lost (the engine requeues its jobs) once its member entry has been gone for
 `node_grace` seconds; a node that etcd has not seen alive for `ttl - retry_timeout` seconds fences itself
 before that (stops its ranks, checkpointing where it can) and follows the log once it is back. Every `snapshot_entries` entries or `snapshot_bytes` bytes of log the leader writes a
 snapshot (`snapshots/{index}`: the engine's state and meshd's beside it) and deletes the log entries up to the
-previous snapshot and every snapshot older than that; a starting node loads the newest snapshot that decodes
+previous snapshot and every snapshot older than that, then compacts etcd's history to the snapshot's
+revision (a watch from before it lists again); a starting node loads the newest snapshot that decodes
 (one it cannot read is refused in one line and the next older tried) and replays only the entries after it.
 """
 
@@ -36,6 +38,7 @@ from meshsched.daemon.coordinator import (
     CoordinatorError,
     Member,
     StaleTerm,
+    WatchCompacted,
 )
 from meshsched.daemon.eventlog import (
     SNAPSHOT_PARTS,
@@ -44,12 +47,14 @@ from meshsched.daemon.eventlog import (
     LogError,
     Snapshot,
     index_of,
+    install_model,
     join_snapshots,
     load_newest,
     log_key,
     part_key,
     snapshot_key,
     split_snapshot,
+    with_model,
 )
 from meshsched.daemon.mesh_node import MeshReplica
 
@@ -58,6 +63,26 @@ from meshsched.state import Node
 
 LOG = logging.getLogger("meshd.mesh")
 LEADER_ONLY = (ev.NodeLost, ev.Tick)  # the leader's proposals: kept in memory only (see `propose`)
+BATCH_ENTRIES = 64  # log entries per transaction: etcd's --max-txn-ops (128 by default) counts a put and a delete
+BATCH_BYTES = 256 * 1024  # proposal bytes per transaction: far under etcd's --max-request-bytes (1.5 MiB) in base64
+
+
+async def _take(queue: asyncio.Queue) -> tuple[list[tuple[str, str]], BaseException | None]:
+    """The next batch (waits for one proposal, then takes what is queued, each key once, up to BATCH_ENTRIES and
+    BATCH_BYTES) and the error that ended the feeder, if it is next."""
+    batch: list[tuple[str, str]] = []
+    keys, size = set(), 0
+    item = await queue.get()
+    while True:
+        if isinstance(item, BaseException):
+            return batch, item
+        if item[0] not in keys:  # the same key put twice (a retried put): one proposal
+            keys.add(item[0])
+            batch.append(item)
+            size += len(item[1])
+        if len(batch) >= BATCH_ENTRIES or size >= BATCH_BYTES or queue.empty():
+            return batch, None
+        item = queue.get_nowait()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +126,7 @@ class MeshLink:
         self.addresses = ctx.addresses  # node -> where its ranks are reached (from its NodeJoined entry)
         self.snapshot_index = 0  # the newest snapshot this node loaded or wrote
         self.snapshots_written = 0
+        self.history_compacted = 0  # the etcd revision this leader last compacted the history to
         self._since_snapshot = [0, 0]  # entries and bytes applied since the newest snapshot
         self._snapshot_off = False  # the stack cannot be snapshotted (said once)
         self.fenced_at: float | None = None  # (UNIX time) this node fenced itself: etcd has not seen it alive
@@ -206,6 +232,7 @@ class MeshLink:
         self._last_seq.update(snap.last_seq)
         self.addresses.update(snap.addresses)
         LOG.info("mesh: loaded the snapshot at log entry %d", snap.index)
+        install_model(snap, self.replica, lambda line: LOG.error("mesh: %s", line))  # Lazer's model, not refitted
 
     async def _follow(self, revision: int) -> None:
         while True:
@@ -219,6 +246,9 @@ class MeshLink:
                             break
                         self._apply_text(index, change.value)
                 return
+            except WatchCompacted as exc:  # the leader compacted etcd's history past this watch (after a snapshot)
+                LOG.info("mesh: %s: listing the log again", exc)
+                revision = await self._retry(self._catch_up)
             except CoordinatorError as exc:
                 self._say_once(f"following the log: {exc}")
                 revision = await self._retry(self._catch_up)
@@ -226,6 +256,13 @@ class MeshLink:
     def _apply_text(self, index: int, text: str) -> None:
         if index <= self.position:
             return
+        self._since_snapshot[0] += 1  # every entry the log holds counts (a second copy, an unreadable one too):
+        self._since_snapshot[1] += len(text)  # each takes a key and a joining node's replay
+        self._apply_one(index, text)
+        if self.term is not None and self._snapshot_due():
+            self._take_snapshot(self.term)
+
+    def _apply_one(self, index: int, text: str) -> None:
         try:
             entry = Entry.from_json(text)
         except LogError as exc:
@@ -243,10 +280,6 @@ class MeshLink:
             self.addresses[entry.event.node.name] = entry.event.node.address
         self.replica.apply_entry(entry, index, act=index > self.durable)
         self.durable = max(self.durable, index)
-        self._since_snapshot[0] += 1
-        self._since_snapshot[1] += len(text)
-        if self.term is not None and self._snapshot_due():
-            self._take_snapshot(self.term)
 
     # ---------------------------------------------------------------- snapshots (leader only)
 
@@ -258,7 +291,7 @@ class MeshLink:
         """The engine as it stands after entry `position` (taken now, between two entries), then written and the
         log compacted in the background."""
         try:
-            snap = self.replica.snapshot(self.position, self._last_seq, self.addresses)
+            snap = with_model(self.replica.snapshot(self.position, self._last_seq, self.addresses), self.replica)
         except ValueError as exc:  # SnapshotError: a stack that cannot be snapshotted keeps the full log
             self._snapshot_off = True
             LOG.warning("mesh: no snapshots: %s", exc)
@@ -274,7 +307,7 @@ class MeshLink:
             parts, head = split_snapshot(snap)
             for key, text in parts.items():
                 await self.coord.put(key, text, term=term)
-            await self.coord.put(snapshot_key(snap.index), head, term=term)
+            revision = await self.coord.put(snapshot_key(snap.index), head, term=term)
             self.snapshots_written += 1  # only a written one is the next one's `previous`
             self.snapshot_index = max(self.snapshot_index, snap.index)
             if previous > 0:
@@ -283,8 +316,13 @@ class MeshLink:
                 await self.coord.delete_range(part_key(0, 0), part_key(previous, 0), term=term)
                 LOG.info("mesh: snapshot at entry %d written; %d log entries up to %d compacted", snap.index,
                          dropped, previous)
+            await self.coord.compact(revision)  # etcd's history up to this snapshot: what the deletes freed
+            self.history_compacted = revision  # (defragment, an admin step, hands the space back to the disk)
         except CoordinatorError as exc:  # StaleTerm included: the next leader writes the next one
             LOG.warning("mesh: writing the snapshot at entry %d: %s", snap.index, exc)
+            entries, size = self.config.snapshot_entries, self.config.snapshot_bytes  # (a busy etcd timed out):
+            self._since_snapshot = [max(self._since_snapshot[0], entries - entries // 10),  # tried again a tenth
+                                    max(self._since_snapshot[1], size - size // 10)]  # of an interval later
 
     # ---------------------------------------------------------------- proposals
 
@@ -441,36 +479,69 @@ class MeshLink:
         return None if who is None else who.name
 
     async def _sequence(self, term: int) -> None:
-        """Copy proposals into the log, in order, each write fenced by `term`."""
+        """Copy proposals into the log, in order, in batches: one etcd transaction per batch, fenced by `term`."""
         try:
             listing = await self.coord.list("log/")
             following = max((index_of(k) for k in listing.items), default=self.snapshot_index)
             while self.position < following:  # apply what the last leader wrote before deciding anything
                 await asyncio.sleep(0.01)
             self.rearm()
-            props = await self.coord.list("proposals/")
-            for key in sorted(props.items):
-                following = await self._append(term, following, key, props.items[key])
-            async for change in self.coord.watch("proposals/", since=props.revision):
-                if change.kind is ChangeKind.PUT:
-                    following = await self._append(term, following, change.key, change.value)
+            while True:  # a listing of the proposals, then their watch; listed again if etcd compacted past it
+                following = await self._sequence_listed(term, following)
         except StaleTerm as exc:
             LOG.warning("mesh: %s", exc)
         except CoordinatorError as exc:
             LOG.warning("mesh: sequencing stopped: %s", exc)
 
-    async def _append(self, term: int, last: int, key: str, value: str) -> int:
+    async def _sequence_listed(self, term: int, following: int) -> int:
+        """The proposals listed, then watched (a feeder queues them as they come, while a batch is written):
+        every batch takes what is queued. Returns the log's end when the watch was compacted past."""
+        props = await self.coord.list("proposals/")
+        queue: asyncio.Queue = asyncio.Queue()
+        for key in sorted(props.items):
+            queue.put_nowait((key, props.items[key]))
+        feeder = self._spawn(self._feed(queue, props.revision))
         try:
-            entry = replace(Entry.from_json(value), time=time.time(), proposal=key.removeprefix("proposals/"))
-        except LogError as exc:
-            LOG.error("mesh: proposal %s dropped: %s", key, exc)
-            await self.coord.delete(f"proposals/{key.removeprefix('proposals/')}", term=term)
-            return last
-        await self.coord.put(log_key(last + 1), entry.to_json(), term=term)
-        if self.first_decision is None:
+            while True:
+                batch, error = await _take(queue)
+                if batch:
+                    following = await self._append(term, following, batch)
+                if isinstance(error, WatchCompacted):
+                    LOG.info("mesh: %s: listing the proposals again", error)
+                    return following
+                if error is not None:
+                    raise error
+        finally:
+            feeder.cancel()
+
+    async def _feed(self, queue: asyncio.Queue, revision: int) -> None:
+        try:
+            async for change in self.coord.watch("proposals/", since=revision):
+                if change.kind is ChangeKind.PUT:
+                    queue.put_nowait((change.key, change.value))
+            queue.put_nowait(CoordinatorError("the proposals' watch ended (the coordinator closed)"))
+        except Exception as exc:  # noqa: BLE001 - handed to the sequencer, which raises it (it must not wait on)
+            queue.put_nowait(exc)
+
+    async def _append(self, term: int, last: int, batch: list[tuple[str, str]]) -> int:
+        """The batch's entries at last+1, ... and their proposals' deletes in ONE transaction fenced by `term`:
+        an entry and its proposal's delete commit together, so a failover mid-batch neither loses nor doubles
+        one (the next leader finds exactly the proposals not yet in the log)."""
+        puts: list[tuple[str, str]] = []
+        deletes: list[str] = []
+        for key, value in batch:
+            proposal = key.removeprefix("proposals/")
+            deletes.append(f"proposals/{proposal}")
+            try:
+                entry = replace(Entry.from_json(value), time=time.time(), proposal=proposal)
+            except LogError as exc:
+                LOG.error("mesh: proposal %s dropped: %s", key, exc)
+                continue
+            puts.append((log_key(last + 1 + len(puts)), entry.to_json()))
+        await self.coord.append(term, puts, deletes)
+        if puts and self.first_decision is None:
             self.first_decision = time.time()
-        await self.coord.delete(f"proposals/{entry.proposal}", term=term)
-        return last + 1
+        return last + len(puts)
 
     async def _watch_members(self, term: int) -> None:
         """Declare a node lost once its member entry has been gone for node_grace seconds."""
@@ -517,5 +588,6 @@ class MeshLink:
                 "log_position": self.position, "outbox": len(self._outbox), "leaderships": self.leaderships,
                 "led_since": self.led_since, "first_decision": self.first_decision,
                 "snapshot_index": self.snapshot_index, "snapshots_written": self.snapshots_written,
+                "history_compacted": self.history_compacted,
                 "fenced_at": self.fenced_at, "fences": self.fences}
 

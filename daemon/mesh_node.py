@@ -84,7 +84,7 @@ class MeshReplica:
         """One entry of the mesh's log, in log order, on every node (`act`: carry out its actions here; False
         while replaying what this node already did before a restart)."""
         c = self.ctx
-        e, jobs = entry.event, c.engine.state.jobs
+        e, jobs, jobs_nodes = entry.event, c.engine.state.jobs, c.engine.state.nodes
         if isinstance(e, ev.JobSubmitted):
             self._note_submitted(e.spec.job_id)
             if e.spec.job_id in jobs:
@@ -101,8 +101,11 @@ class MeshReplica:
         job_id = getattr(e, "job_id", None) or getattr(getattr(e, "spec", None), "job_id", None)
         if job_id is not None and job_id not in c.records:
             return self._skip(index)  # a job this log never submitted (cannot happen short of a foreign writer)
+        if isinstance(e, ev.NodeJoined) and (node := jobs_nodes.get(e.node.name)) is not None and node.alive:
+            return self._skip(index)  # a second rejoin (two leaders each declared it lost): it is in already
+        was_alive = isinstance(e, ev.NodeLost) and (node := jobs_nodes.get(e.node)) is not None and node.alive
         c.loop.handle(e, entry.time, act, index)  # nothing queues behind it: in a mesh every input is proposed
-        if isinstance(e, ev.NodeLost) and e.node == c.config.node_name and self._live:
+        if was_alive and e.node == c.config.node_name and self._live:
             LOG.warning("mesh: this node was declared lost (cut off from etcd for longer than node_grace); joining again")
             c.loop.input(ev.NodeJoined(c.loop.sid("rejoin"), c.node_spec(c.config.mesh_address or c.config.node_name)))
 

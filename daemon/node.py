@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import fcntl
+import json
 import logging
 import os
 import shutil
+import sys
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import AsyncExitStack
@@ -264,16 +266,23 @@ class NodeDaemon:
 
     def _fit(self, action: FitModel) -> None:  # the FitModel handler
         """Run the fit in a worker process (bit-identical to a fit in the simulator, and the loop keeps
-        serving); its result comes back as ModelFitted."""
-        if self.mesh is not None:  # a fitted model is a live object: it cannot travel through the log yet
-            LOG.warning("model fits are not carried across the mesh: the policy keeps its prior model")
-            return
+        serving); its result comes back as ModelFitted. On a mesh every node's engine asks for the same fit:
+        the node that leads when the action runs fits, the worker encodes the model as plain data
+        (daemon/model_codec.py) and the ModelFitted is proposed, so every node installs the same model in log
+        order. A fit lost with its leader is asked for again by the policy (Lazer: at its next observation)."""
+        if self.mesh is not None and self.mesh.term is None:
+            return  # a follower: the leader's fit reaches this engine through the log
         if self._fit_pool is None:
             import multiprocessing
 
             self._fit_pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"), initializer=_one_thread)
         loop = asyncio.get_running_loop()
-        future = self._fit_pool.submit(action.fit, action.request)
+        if self.mesh is not None:
+            from meshsched.daemon.model_codec import fit_encoded
+
+            future = self._fit_pool.submit(fit_encoded, action.fit, action.request)
+        else:
+            future = self._fit_pool.submit(action.fit, action.request)
         future.add_done_callback(lambda f: loop.call_soon_threadsafe(self._fitted, f))
 
     def _fitted(self, future: Future) -> None:
@@ -282,8 +291,17 @@ class NodeDaemon:
         if (err := future.exception()) is not None:
             LOG.warning("a model fit failed: %s: %s (the policy goes on with its last model)", type(err).__name__, err)
             return
-        model = future.result()  # unpickling a torch model imported torch: the policy's suggestions use one thread
+        model = future.result()  # the policy's suggestions use one thread too
         _one_thread()
+        if self.mesh is not None:  # plain data (fit_encoded): to the log; every node decodes and installs it
+            from meshsched.daemon.model_codec import MAX_BYTES
+
+            if (size := len(json.dumps(model, separators=(",", ":")))) > MAX_BYTES:
+                LOG.warning("a fitted model of %d bytes is over the log's %d: every node keeps its last model", size,
+                            MAX_BYTES)
+                return
+            self.mesh.propose(ev.ModelFitted(f"fitted-{self.config.node_name}-{self.loop.sid('fit')}", model))
+            return
         self.loop.dispatch(ev.ModelFitted(self.loop.sid("fitted"), model))
 
     def _close_fit_pool(self) -> None:
@@ -448,6 +466,23 @@ class NodeDaemon:
             self.loop.dispatch(ev.CancelRequested(self.loop.sid("cancel"), job_id))
         return rec
 
+    def cancel_many(self, job_ids: list[str]) -> list[JobRecord]:
+        """`cancel` for many jobs at once (an array, `mesh cancel` by filter): on one server the queued ones reach
+        the engine together, with one scheduling pass after the last (`EngineLoop.dispatch_many`); their records."""
+        if self.replica is not None:
+            return [self.cancel(job_id) for job_id in job_ids]
+        queued, recs = [], []
+        with self.journal.batch():
+            for job_id in job_ids:
+                rec = self.records[job_id]
+                if rec.state in HOLDING and self.launcher.running(job_id) or rec.state in TERMINAL:
+                    self.cancel(job_id)
+                else:
+                    queued.append(ev.CancelRequested(self.loop.sid("cancel"), job_id))
+                recs.append(rec)
+            self.loop.dispatch_many(queued)
+        return recs
+
     def job_report(self, job_id: str, iterations: float, step_time: float, rank: int | None = None,
                    samples: float | None = None, forward_time: float | None = None,
                    window: float | None = None, age: float | None = None) -> None:
@@ -507,12 +542,13 @@ class NodeDaemon:
 
 
 def _one_thread() -> None:
-    """Model work (fits in the worker, suggestions in meshd) uses one torch/OpenMP thread: at a few hundred
-    points more threads only cost CPU."""
+    """Model work (fits in the worker, suggestions in meshd) uses one OpenMP thread (and one torch thread
+    where torch is loaded): at a few hundred points more threads only cost CPU. Lazer's GP is numpy now
+    (policies/lazer_gp.py): torch is not imported for it (seconds of a worker's start)."""
     os.environ["OMP_NUM_THREADS"] = "1"
-    import torch
-
-    torch.set_num_threads(1)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def _systemd_run(mode: str) -> str | None:

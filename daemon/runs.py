@@ -217,6 +217,8 @@ class LocalRuns:
         nodes = list(dict.fromkeys(state.gpus[g].node for g in action.gpus))
         many = len(nodes) > 1
         env = job_env(rec.env, rec.export, rec.uid, c.config.passthrough_names)  # never meshd's own environment
+        if rec.array_task is not None:  # (the array's other variables are in the env its tasks share)
+            env["MESH_ARRAY_TASK_ID"] = str(rec.array_task)
         env.setdefault("MESH_GRACE_PERIOD", str(c.config.preempt_grace))
         # The SDK trains with this micro-batch and accumulation (the global batch is unchanged).
         env.update(MESH_MICRO_BATCH=str(x.micro_batch), MESH_ACCUM_STEPS=str(x.accumulation),

@@ -61,6 +61,7 @@ class Submission:
         name, jobs_dir = req.name or default_name(req.command), str(c.config.jobs_dir)  # once: the tasks share them
         with c.journal.batch():  # durable first, id and records in one commit: a failed write leaves no phantom job
             seq, head = self.new_job_id()
+            env = array_env(env, head, ctl.tasks) if ctl.tasks else env
             recs = [self._record(req, ctl, user, uid, seq, head, task, deps, now, env, name, jobs_dir)
                     for task in ctl.tasks or (None,)]
             specs = [job_spec(rec) for rec in recs]  # validates
@@ -70,10 +71,25 @@ class Submission:
             journaled = [rec.values() for rec in recs]  # what the commit writes: a pass that changes nothing skips it
         for rec in recs:
             c.records[rec.job_id] = rec
+        if c.mesh is None and len(recs) > 1:  # an array: its tasks reach the engine together, one pass for all
+            self.post_many(recs, specs, journaled)
+            return recs
         with c.journal.batch():  # every task's first scheduling pass in one commit
             for rec, spec, clean in zip(recs, specs, journaled):
                 self.post(rec, spec, clean)
         return recs
+
+    def post_many(self, recs: list[JobRecord], specs: list[JobSpec], journaled: list[tuple]) -> None:
+        """(one server) An array's journaled tasks reach the engine in one batch (`EngineLoop.dispatch_many`: one
+        scheduling pass after the last, one commit); a task its pass leaves as journaled is not written again."""
+        loop = self.ctx.loop
+        events = [ev.JobSubmitted(loop.sid("submit"), spec, held=rec.held) for rec, spec in zip(recs, specs)]
+        loop.clean.update((rec.job_id, clean) for rec, clean in zip(recs, journaled))
+        try:
+            loop.dispatch_many(events)
+        finally:
+            for rec in recs:
+                loop.clean.pop(rec.job_id, None)
 
     def batch_warnings(self, req: SubmitRequest) -> list[str]:
         """One line per GPU type of the live nodes whose profile of `req.model` was measured at per-GPU batches
@@ -92,10 +108,7 @@ class Submission:
         job_id = head if task is None else f"{head}_{task}"
         if task is None:
             env = dict(env)  # each record its own
-        else:
-            env = {**env, "MESH_ARRAY_JOB_ID": array_id, "MESH_ARRAY_TASK_ID": str(task),
-                   "MESH_ARRAY_TASK_COUNT": str(len(ctl.tasks)), "MESH_ARRAY_TASK_MIN": str(ctl.tasks[0]),
-                   "MESH_ARRAY_TASK_MAX": str(ctl.tasks[-1])}
+        # else: the array's one env, shared by its tasks, never changed in place (MESH_ARRAY_TASK_ID is set at launch)
         files = {k: _path(getattr(ctl, k), req.cwd, job_id, array_id, task, user, name) for k in ("output", "error")}
         return JobRecord(
             job_id=job_id, seq=seq, gpus=req.gpus, model=req.model, batch_size=req.batch_size,
@@ -142,6 +155,14 @@ class Submission:
         why = self.ctx.engine.admission_error(spec)
         if why is not None:
             raise SubmitError(f"refused: {why.removeprefix('new: ')}")  # an id never given out
+
+
+def array_env(env: dict[str, str], array_id: str, tasks: tuple[int, ...]) -> dict[str, str]:
+    """The environment every task of an array keeps (one dict for all of them, encoded once per journal commit,
+    `JobRecord.to_json`): the exported one and the array's variables; a task's own id, MESH_ARRAY_TASK_ID, is set
+    from its record at each launch (`LocalRuns.launch`)."""
+    return {**env, "MESH_ARRAY_JOB_ID": array_id, "MESH_ARRAY_TASK_COUNT": str(len(tasks)),
+            "MESH_ARRAY_TASK_MIN": str(tasks[0]), "MESH_ARRAY_TASK_MAX": str(tasks[-1])}
 
 
 def resources(req: SubmitRequest) -> dict[str, Any]:

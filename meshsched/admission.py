@@ -52,6 +52,8 @@ def admits(policy: PolicyStack) -> bool:
 
 def resource_error(state: ClusterState, spec: JobSpec) -> str | None:
     """More CPUs or host memory for a node's share of the job than any live node has (None: no node is alive)."""
+    if spec.cpus is None and spec.memory_gb is None:
+        return None  # asks for its GPUs' share: nothing to compare (most jobs; every arrival asks)
     nodes = [n for n in state.nodes.values() if n.alive]
     if not nodes:
         return None

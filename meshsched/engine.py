@@ -9,34 +9,43 @@ Nothing here reads a clock or does I/O: `now` is passed in.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import fields
+from typing import NamedTuple
 
 from meshsched import admission
 from meshsched import events as ev
 from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure
 from meshsched.drain import Drains
+from meshsched.engine_recovery import RecoveryHandlers, fmt_gpus
 from meshsched.estimate import StepTimeEstimator, ideal_step_time, step_time_where
 from meshsched.faults import FaultDomains, FaultHooks
 from meshsched.jobcontrol import TIME_LIMIT, JobControl, QueueHooks, controlled
 from meshsched.policies import base as pb
 from meshsched.policies.base import ClusterView, Defer, Evict, Remember, RequestFit, Start, Trigger, Wait
+from meshsched.policies.queue import QueueScheduler
 from meshsched.policies.stack import PolicyStack
 from meshsched.state import ClusterState, ExecConfig, Job, JobSpec, JobState
 from meshsched.timers import Timers
 from meshsched.waitqueue import WaitQueue
 
 
-@dataclass(frozen=True, slots=True)
-class LogEntry:
+_BATCHED = {ev.JobSubmitted, ev.CancelRequested}  # the events `Engine.handle_many` gives one pass together
+_SPEC_REST = operator.attrgetter(*(f.name for f in fields(JobSpec) if f.name != "job_id"))  # a spec but its id
+
+
+class LogEntry(NamedTuple):
+    """One line of the decision log (a named tuple: the engine writes two or three per event)."""
+
     time: float
     stimulus_id: str
     job_id: str
     message: str
 
 
-class Engine:
+class Engine(RecoveryHandlers):
     def __init__(
         self,
         policy: PolicyStack,
@@ -56,6 +65,7 @@ class Engine:
         self.memory: object | None = None  # the preemption layer's memory (a frozen value, `Remember`)
         self.model: object | None = None  # the latest model a RequestFit produced (ModelFitted); derived, not durable
         self._changed: dict[str, None] = {}  # jobs changed since the last `take_changed`, in order
+        self._view: ClusterView | None = None  # `view()`, kept while memory and model stand (`arrived` set per call)
         # job control (Slurm's hold, dependencies, arrays, begin times, time limits) beside the cycle
         self.control = JobControl(self.state, QueueHooks(self._enqueue, self._dequeue, self._begin_pause, self._log,
                                                          self._ignore, self._mark))
@@ -113,6 +123,52 @@ class Engine:
             actions.append(timer)
         return actions
 
+    def handle_many(self, events: list[ev.Event], now: float) -> list[Action]:
+        """Events that happened together (an array's tasks submitted, many jobs cancelled), each applied as `handle`
+        applies it, with ONE scheduling pass after the last instead of one per event. Arrivals are batched only
+        where that pass decides what the passes one by one would have (`_arrivals_commute`); other events than
+        JobSubmitted and CancelRequested, and arrivals under any other stack, are handled one by one."""
+        kinds = {type(e) for e in events}
+        if len(events) < 2 or len(kinds) > 1 or not kinds <= _BATCHED or \
+                (ev.JobSubmitted in kinds and not self._arrivals_commute(events)):
+            return [a for e in events for a in self.handle(e, now)]
+        actions: list[Action] = []
+        control, trigger, arrived = self.control, None, None
+        for event in events:
+            if type(event) is ev.JobSubmitted:
+                arrived = event.spec.job_id
+            else:
+                self.state.touch(event.job_id)
+                if event.job_id in self.state.jobs:
+                    self._mark(event.job_id)
+            got = self._handlers[type(event)](event, now, actions)
+            if control.ended and control.settle(now, event.stimulus_id) and got is None:
+                got = Trigger.RELEASE
+            if got is not None and trigger is not Trigger.RELEASE:
+                trigger = got  # a release's pass (a whole one) also serves the arrivals
+        if trigger is not None:
+            self._schedule(trigger, now, events[-1].stimulus_id, actions, arrived)
+        if self._recalibrate:
+            self._calibrate_sharers(now, events[-1].stimulus_id, actions)
+        timer = self.timers.arm(self.policy.next_timer(self.view(), now), control.next_due(), now, trigger is not None)
+        if timer is not None:
+            actions.append(timer)
+        return actions
+
+    def _arrivals_commute(self, events: list[ev.JobSubmitted]) -> bool:
+        """Whether one pass after these arrivals decides what one pass after each would: jobs alike but for their
+        ids (an array's tasks: they queue in their order, side by side), under a stack whose pass only starts
+        queued jobs on free GPUs, greedily in queue order (a non-preemptive QueueScheduler: fifo, sjf, ...; no
+        preemption or plan layer). Arrivals free nothing, so each pass one by one could start only its newcomer:
+        the same jobs start, in the same order, and the rest wait for the same reasons."""
+        p = self.policy
+        if p.preemption is not None or p.plan is not None or type(p.placement) is not QueueScheduler or \
+                p.placement.preemptive:
+            return False
+        alike = _SPEC_REST(events[0].spec)
+        held = events[0].held
+        return all(_SPEC_REST(e.spec) == alike and e.held == held for e in events)
+
     def take_changed(self) -> list[str]:
         """The ids of every job the engine changed (state, reason, placement, exec config, held, progress) since
         the last call, each once, in the order first changed; the job an event names counts as changed by it."""
@@ -125,9 +181,15 @@ class Engine:
     # ---------------------------------------------------------------- queries
 
     def view(self, arrived: str | None = None) -> ClusterView:
+        """The policy's view (its containers are the engine's own, so one view serves until memory or model move)."""
+        v = self._view
+        if v is not None and v.memory is self.memory and v.model is self.model:
+            v.arrived = arrived
+            return v
         w = self.waiting
-        return ClusterView(self.state, w.entries, self._active, w.sizes, arrived, self.memory, self.model, w.needs,
-                           w.keys)
+        self._view = ClusterView(self.state, w.entries, self._active, w.sizes, arrived, self.memory, self.model,
+                                 w.needs, w.keys)
+        return self._view
 
     def queued(self) -> Iterator[Job]:
         return self.view().queue()
@@ -383,7 +445,7 @@ class Engine:
                     job.acct.first_start = now
                 actions.append(Launch(job.job_id, d.gpus, job.checkpoint_iterations, job.restarts, job.exec))
                 job.restarts += 1
-                self._log(now, stimulus, job, f"start on GPUs {_fmt_gpus(d.gpus)}: {d.reason}")
+                self._log(now, stimulus, job, f"start on GPUs {fmt_gpus(d.gpus)}: {d.reason}")
             elif isinstance(d, Evict):
                 if job.state not in (JobState.RUNNING, JobState.LOADING):
                     raise ValueError(f"policy evicted {job.job_id} which is {job.state.value}")
@@ -513,84 +575,3 @@ class Engine:
     def _mark(self, job_id: str) -> None:
         """Note a change made without a log line (`take_changed`)."""
         self._changed[job_id] = None
-
-
-    # ---------------------------------------------------------------- daemon recovery and checkpoints
-
-    def _on_restored(self, e: ev.JobRestored, now: float, actions: list[Action]) -> Trigger | None:
-        spec = e.spec
-        if spec.job_id in self.state.jobs:
-            raise ValueError(f"job {spec.job_id} already exists")
-        ckpt = min(float(spec.iterations), max(0.0, e.checkpoint_iterations))
-        state = JobState.PREEMPTED if e.preempted else JobState.PENDING
-        job = Job(spec, ideal_step_time=self._ideal_step_time(spec), state=state, since=now, progress_time=now,
-                  done_iterations=ckpt, checkpoint_iterations=ckpt, restarts=e.restarts)
-        self.state.jobs[spec.job_id] = job
-        if e.held or controlled(spec):
-            job.held = e.held
-            self.control.admit(job, now, e.stimulus_id)
-        else:
-            self._enqueue(job)
-        self._log(now, e.stimulus_id, job, f"restored {state.value}; resumes from iteration {ckpt:.0f}")
-        return None
-
-    def _on_adopted(self, e: ev.JobAdopted, now: float, actions: list[Action]) -> Trigger | None:
-        spec = e.spec
-        if spec.job_id in self.state.jobs:
-            raise ValueError(f"job {spec.job_id} already exists")
-        ckpt = min(float(spec.iterations), max(0.0, e.checkpoint_iterations))
-        done = min(float(spec.iterations), max(ckpt, e.done_iterations))
-        job = Job(spec, ideal_step_time=self._ideal_step_time(spec), state=JobState.RUNNING, since=now,
-                  progress_time=now, done_iterations=done, checkpoint_iterations=ckpt, restarts=e.restarts)
-        self.state.assign(spec.job_id, e.gpus)
-        job.gpus = e.gpus
-        job.exec = e.exec or ExecConfig.default_for(spec)
-        job.acct.first_start = now
-        job.step_time = self._estimate(job)
-        self.state.jobs[spec.job_id] = job
-        self._active[spec.job_id] = job
-        self.control.adopted(job, e.time_limit_at, now)
-        self._log(now, e.stimulus_id, job, f"re-adopted running on GPUs {_fmt_gpus(e.gpus)}")
-        return None
-
-    def _on_checkpoint(self, e: ev.CheckpointSaved, now: float, actions: list[Action]) -> Trigger | None:
-        job = self.state.jobs.get(e.job_id)
-        if job is None or not job.state.holds_gpus:
-            return self._ignore(now, e, job)
-        ckpt = min(float(job.spec.iterations), max(job.checkpoint_iterations, e.iterations))
-        job.checkpoint_iterations = ckpt
-        if job.done_iterations < ckpt:
-            job.done_iterations = ckpt
-            job.progress_time = now
-        return None
-
-    def _on_total_declared(self, e: ev.TotalDeclared, now: float, actions: list[Action]) -> Trigger | None:
-        job = self.state.jobs.get(e.job_id)
-        if job is None or job.state.is_terminal or e.iterations < 1:
-            return self._ignore(now, e, job)
-        queued = job.state.is_queued and job.job_id not in self.control.blocked
-        if queued:  # its queue key may depend on the length
-            self._dequeue(job)
-        job.spec = replace(job.spec, iterations=e.iterations)
-        job.checkpoint_iterations = min(job.checkpoint_iterations, float(e.iterations))
-        job.done_iterations = min(job.done_iterations, float(e.iterations))
-        if queued:
-            self._enqueue(job)
-        self._log(now, e.stimulus_id, job, f"the script declared {e.iterations} iterations in total")
-        if (self.policy.calibration is not None and job.state is JobState.RUNNING
-                and any(len(self.state.gpus[g].jobs) > 1 for g in job.gpus)):
-            self._recalibrate[job.job_id] = None  # its set was calibrated for another length
-        return None
-
-    def _on_model_fitted(self, e: ev.ModelFitted, now: float, actions: list[Action]) -> Trigger | None:
-        self.model = e.model
-        self._log(now, e.stimulus_id, None, f"model fitted ({type(e.model).__name__})")
-        return None
-
-    def _on_recovery_done(self, e: ev.RecoveryDone, now: float, actions: list[Action]) -> Trigger | None:
-        self._log(now, e.stimulus_id, None, f"recovered {len(self.state.jobs)} job(s)")
-        return Trigger.RELEASE
-
-
-def _fmt_gpus(gpus: tuple[int, ...]) -> str:
-    return ",".join(map(str, gpus)) if len(gpus) <= 8 else f"{gpus[0]}..{gpus[-1]} ({len(gpus)})"

@@ -94,6 +94,8 @@ class JobControl:
 
     def next_due(self) -> float | None:
         """The first time limit, --signal warning or begin time to come, if any."""
+        if not (self.limits or self.warnings or self.begins):
+            return None  # (asked after every event)
         times = [min(t.values()) for t in (self.limits, self.warnings, self.begins) if t]
         return min(times) if times else None
 

@@ -175,8 +175,14 @@ class ExecConfig:
 
     @classmethod
     def default_for(cls, spec: JobSpec) -> ExecConfig:
-        """The job's whole per-GPU batch in one step, a full GPU, no plan."""
-        return cls(max(1, spec.batch_size // spec.gpus))
+        """The job's whole per-GPU batch in one step, a full GPU, no plan (one shared value per batch: frozen)."""
+        batch = max(1, spec.batch_size // spec.gpus)
+        x = _DEFAULT_EXEC.get(batch)
+        if x is None or cls is not ExecConfig:
+            x = cls(batch)
+            if cls is ExecConfig:
+                _DEFAULT_EXEC[batch] = x
+        return x
 
     @property
     def per_gpu_batch(self) -> int:
@@ -221,6 +227,20 @@ class ExecConfig:
         if len(self.local_batches) != ranks:
             raise ValueError(f"local_batches {list(self.local_batches)} name {len(self.local_batches)} ranks, not {ranks}")
         return self.local_batches
+
+
+_DEFAULT_EXEC: dict[int, ExecConfig] = {}  # per-GPU batch -> its default ExecConfig (built once: every start asks)
+
+
+def placement_shape(nodes: list[str]) -> tuple[int, ...]:
+    """GPUs used on each node, largest first (what the performance model is keyed by), from the node of each of
+    a job's GPUs. One GPU, or all on one node, without counting."""
+    if len(nodes) == 1:
+        return (1,)
+    counts: dict[str, int] = {}
+    for n in nodes:
+        counts[n] = counts.get(n, 0) + 1
+    return (len(nodes),) if len(counts) == 1 else tuple(sorted(counts.values(), reverse=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,6 +427,18 @@ class ClusterState:
     gpu_types: tuple[str, ...] = ()  # GPU types of the live nodes (kept by add_node / mark_lost)
     changes: deque = field(default_factory=lambda: deque(maxlen=CHANGE_LOG), repr=False, compare=False)
     drained: set = field(default_factory=set)  # GPUs out of service (meshsched.drain): never free for a new job
+    # (version, free_by_node, its nodes with a free GPU): `free_nodes` between changes (every change touches)
+    _free_memo: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    def free_nodes(self) -> dict[str, int]:
+        """`free_by_node` without the nodes that have no free GPU, in its order; shared until the next `touch`:
+        read it, copy it to change it."""
+        memo, fbn = self._free_memo, self.free_by_node
+        if memo is not None and memo[0] == self.version and memo[1] is fbn:
+            return memo[2]
+        out = {n: c for n, c in fbn.items() if c > 0}
+        self._free_memo = (self.version, fbn, out)
+        return out
 
     def set_drained(self, gpus: set[int], drained: bool) -> None:
         """Take GPUs out of service or give them back: a drained GPU never counts as free (every placement layer

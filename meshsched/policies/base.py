@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+from operator import itemgetter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -93,6 +94,9 @@ class RequestFit:
 Decision = Start | Evict | Defer | Wait | Reconfigure | Remember | RequestFit
 
 
+_third = itemgetter(2)
+
+
 class ClusterView:
     """What a policy may read: the cluster, the wait queue in policy order, the jobs holding GPUs.
 
@@ -100,7 +104,8 @@ class ClusterView:
     (tests check that a scheduling pass leaves the state unchanged).
     """
 
-    __slots__ = ("_state", "_queue", "_active", "_queued_gpus", "arrived", "memory", "model", "_needs", "_qkey")
+    __slots__ = ("_state", "_queue", "_active", "_queued_gpus", "arrived", "memory", "model", "_needs", "_qkey",
+                 "_pausing")
 
     def __init__(
         self,
@@ -123,12 +128,20 @@ class ClusterView:
         self.model = model  # the latest model a `RequestFit` produced (ModelFitted), None before one
         self._needs = needs  # GPUs asked for, in queue order (kept by the engine)
         self._qkey = qkey  # job -> its (key, seq) in the queue
+        self._pausing: tuple[int, dict[str, int]] | None = None  # (state version, pausing_by_node then)
 
     def queue(self) -> Iterator[Job]:
         """Queued jobs (PENDING or PREEMPTED), best first by the policy's queue key."""
         jobs = self._state.jobs
         for _key, _seq, job_id in self._queue:
             yield jobs[job_id]
+
+    def queue_demands(self) -> Iterable[tuple[str, int]]:
+        """(job id, GPUs asked for) of the queued jobs, best first: `queue()` without reading each job."""
+        if self._needs is not None:
+            return zip(map(_third, self._queue), self._needs)
+        jobs = self._state.jobs
+        return ((jid, jobs[jid].spec.gpus) for _key, _seq, jid in self._queue)
 
     def demand_ahead(self, job_id: str) -> int:
         """GPUs asked for by the queued jobs before `job_id` in queue order, counting only jobs that fit the
@@ -177,15 +190,22 @@ class ClusterView:
         return self._state.total_gpus
 
     def pausing_by_node(self) -> dict[str, int]:
-        """GPUs per node that come free once the jobs now saving a checkpoint are done."""
+        """GPUs per node that come free once the jobs now saving a checkpoint are done (a fresh dict; counted
+        again only after the state's version moved: every start, pause and release touches it)."""
+        state = self._state
+        memo = self._pausing
+        if memo is not None and memo[0] == state.version:
+            return dict(memo[1])
         out: dict[str, int] = {}
-        gpus = self._state.gpus
+        gpus = state.gpus
+        pausing = JobState.PAUSING
         for j in self._active.values():
-            if j.state is JobState.PAUSING:
+            if j.state is pausing:
                 for g in j.gpus:
                     node = gpus[g].node
                     out[node] = out.get(node, 0) + 1
-        return out
+        self._pausing = (state.version, out)
+        return dict(out)
 
     def nodes(self) -> list[Node]:
         """The live nodes (GPUs, CPUs and host memory of each)."""

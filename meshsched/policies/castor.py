@@ -13,10 +13,12 @@ decides when free GPUs are short:
 
 Speed: the holders' arrays (`occupancy.Occupancy`) follow the state's change log instead of being rebuilt;
 xi per (new job's model and batch, sub-batch, host group) and step times per kind of new job are kept in
-stacked tables (`Kinds`); a release pass judges the queued jobs it may search next all at once, in blocks
-whose arrays stay in the CPU cache (the same element-wise arithmetic, so the same numbers; a host taken in
-between only drops its column), with the share-or-wait flags of every job computed together; the partner
-search finds where adding partners one by one first holds the job with one count over all prefixes
+stacked tables (`Kinds`); a release pass judges the queued jobs it may search next all at once, grouped by
+kind: a kind's xi, masks and the part of the pair arithmetic that does not depend on the job are computed once,
+over the columns the kind can use, and its jobs get the rest in blocks whose arrays stay in the CPU cache (the
+same element-wise arithmetic, so the same numbers; a host taken in between only drops its column), with the
+share-or-wait flags of every job computed together; the partner search adds the best candidates one by one
+for the first `_ONE_BY_ONE` and otherwise finds where that first holds the job with one count over all prefixes
 (`holding_prefix`); an arrival pass skips to the newcomer once nothing before it can start. The arithmetic
 runs over the hosts still alive only (any other column is +inf); a pass stops once the free GPUs and the alive
 hosts' GPUs are fewer than the smallest queued job asks for; a per-node bound on what partners could gather
@@ -39,7 +41,8 @@ from meshsched.policies.sharing import BatchChoice, sub_batches, theorem1
 from meshsched.policies.sharing_scheduler import Forecast, SharingPass, SharingScheduler
 from meshsched.state import ExecConfig, Job
 
-_CHUNK = 1 << 14  # array elements per block of jobs judged together (a block's temporaries stay in the CPU cache)
+_ONE_BY_ONE = 16  # partner candidates `_place` adds one by one before it asks `holding_prefix` where to stop
+_CHUNK = 1 << 16  # array elements per block of jobs judged together (a block's temporaries stay in the CPU cache)
 
 
 @dataclass
@@ -121,7 +124,7 @@ class Castor(SharingScheduler):
             r = int(np.argmin(blk.sums[j, :, k]))  # the first (largest) sub-batch among equals (Algorithm 2's "<")
             b = subs[r]
             t = tab.host_type(c)
-            xa, xb = float(blk.xa[j, r, k]), float(blk.xb[j, r, k])
+            xa, xb = float(blk.xa[r, k]), float(blk.xb[r, k])
             t_b = self._step(job, t, node_size, b, per_gpu // b)
             o = theorem1(float(ta[c]), float(ia[c]), xa, t_b, i_b, xb, t_alone[t])
             return BatchChoice(True, b, per_gpu // b, xa, xb, o)
@@ -155,8 +158,8 @@ class Castor(SharingScheduler):
         present = np.zeros(len(kt.types), dtype=bool)
         present[tab.code] = True  # GPU types among the hosts
         usable = (kt.profiled & present).any(axis=1).tolist()  # per kind id seen so far: profiled on some host's type
-        kids, rows, i_bs, needs, kept, kept_ahead = [], [], [], [], [], []
-        kid_of, nsubs = kt.kid_of, kt.nsubs
+        kids, i_bs, needs, kept, kept_ahead = [], [], [], [], []
+        kid_of = kt.kid_of
         for n, j in enumerate(jobs):
             spec = j.spec
             kid = kid_of.get(spec.job_id)
@@ -166,7 +169,6 @@ class Castor(SharingScheduler):
                 judged[j.job_id] = Wait(j.job_id, f"{self.name}: no profile to judge sharing; waiting for free GPUs")
                 continue
             kids.append(kid)
-            rows.append(nsubs[kid])
             i_bs.append(max(0.0, spec.iterations - j.iterations_at(now)))  # (`_remaining_iters`)
             needs.append(spec.gpus)
             kept.append(j)
@@ -177,23 +179,22 @@ class Castor(SharingScheduler):
         # kappa = t_A i_A assumes that is when A ends), then runs alone at its full batch.
         start_b = forecast.waits(np.array(needs), np.array(kept_ahead)).tolist()
         kt.fill(self.interference, set(kids))
-        k = np.array(kids)
-        xid = np.array(kt.xi_of)[k]
-        code = tab.code
         # Only the hosts still alive (not done, not taken) get the arithmetic, `cols` of all the columns: any other
         # column's best is +inf whatever its numbers (about half the hosts of a busy pass have no work left).
         cols = np.flatnonzero(tab.alive)
-        gidx, code_c, ta, ia = tab.occ.host_group[cols], code[cols], tab.ta[cols], tab.ia[cols]
-        i_b = np.array(i_bs)[:, None]
-        n = len(kids)
-        step = max(1, _CHUNK // (max(rows) * max(1, len(cols))))  # jobs per block of arrays that stays in cache
-        hosts = (cols, gidx, code_c, ta, ia)
-        for lo in range(0, n, step):
-            hi = min(n, lo + step)
-            blk, any_f = self._judge_block(tab, kt, hosts, kids[lo:hi], k[lo:hi], xid[lo:hi], rows[lo:hi],
-                                           i_bs[lo:hi], i_b[lo:hi], start_b[lo:hi])
-            for c, f in enumerate(any_f):
-                judged[kept[lo + c].job_id] = (blk, c) if f else None
+        hosts = (cols, tab.occ.host_group[cols], tab.code[cols], tab.ta[cols], tab.ia[cols])
+        by_kind: dict[int, list[int]] = {}
+        for n, kid in enumerate(kids):
+            by_kind.setdefault(kid, []).append(n)
+        for kid, ns in by_kind.items():  # a kind's arrays (xi, step times, hosts it may take) are shared by its jobs
+            shared = self._kind_arrays(kt, kid, hosts)
+            step = max(1, _CHUNK // max(1, shared[0].size))  # jobs per block of arrays that stays in cache
+            for lo in range(0, len(ns), step):
+                part = ns[lo:lo + step]
+                blk, any_f = self._judge_block(tab, kt, kid, shared, [i_bs[n] for n in part],
+                                               [start_b[n] for n in part])
+                for c, f in enumerate(any_f):
+                    judged[kept[part[c]].job_id] = (blk, c) if f else None
 
     @staticmethod
     def _to_judge(ps: SharingPass, job: Job) -> tuple[list[Job], list[int]]:
@@ -212,44 +213,66 @@ class Castor(SharingScheduler):
                     a += need
         return jobs, aheads
 
-    def _judge_block(self, tab: HostTable, kt: Kinds, hosts, kids, kc, xids, rows, i_bs, ib, start_b
-                     ) -> tuple[Judged, list[bool]]:
-        """One block of jobs' arithmetic over the hosts alive (`hosts`: their columns, groups, type codes, step
-        times and remaining iterations)."""
+    @staticmethod
+    def _kind_arrays(kt: Kinds, kid: int, hosts) -> tuple:
+        """What one kind of job B shares in a pass's arithmetic over the hosts alive (`hosts`: their columns, groups,
+        type codes, step times and remaining iterations): the columns it may take at some sub-batch, and there
+        xi (sub-batch, column), the mask of pairs that cannot share, A's and B's shared step times, A's end when it
+        finishes first and B's iterations by then (`_pair_sums`' first steps, the same operations)."""
         cols, gidx, code_c, ta, ia = hosts
-        code = tab.code
-        r = max(rows)
-        xa = np.take(kt.xa[xids, :r], gidx, axis=2)  # (jobs, sub-batches, alive hosts)
-        xb = np.take(kt.xb[xids, :r], gidx, axis=2)
+        r = kt.nsubs[kid]
+        xid = kt.xi_of[kid]
+        xa = np.take(kt.xa[xid, :r], gidx, axis=1)  # (sub-batches, alive hosts)
+        xb = np.take(kt.xb[xid, :r], gidx, axis=1)
         masked = np.isnan(xa)
         if len(kt.types) == 1:  # (every job here is profiled on the one type)
-            t_b, t_b_alone = kt.tb[kc, :r, :], kt.tb[kc, :1, 0]
+            t_b = kt.tb[kid, :r, :]
         else:
-            off = ~kt.profiled[kc][:, code_c]  # hosts of a type B has no profile on cannot take it
+            off = ~kt.profiled[kid][code_c]  # hosts of a type B has no profile on cannot take it
             if off.any():
-                masked |= off[:, None, :]
-            t_b, t_b_alone = kt.tb[kc, :r][:, :, code_c], kt.tb[kc, 0][:, code]
-        best = np.full((len(kids), len(code)), np.inf)
+                masked |= off[None, :]
+            t_b = kt.tb[kid, :r][:, code_c]
+        keep = ~masked.all(axis=0)  # columns no sub-batch can use: +inf whatever the numbers, left out
+        if not keep.all():
+            cols, ta, ia, xa, xb, masked = cols[keep], ta[keep], ia[keep], xa[:, keep], xb[:, keep], masked[:, keep]
+            if t_b.shape[1] > 1:
+                t_b = t_b[:, keep]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            sums = self._pair_sums(ta, ia, xa, xb, t_b, ib[:, :, None], masked)
-            best[:, cols] = (sums[:, 0, :] if r == 1 else sums.min(axis=1)) / 2
+            ha, hb = ta * xa, t_b * xb  # shared step times (eq. 14-15)
+            ta2 = ha * ia  # A's end when it finishes first
+            q = ta2 / hb  # B's iterations by then
+        return xa, cols, ta, ia, xb, masked, t_b, ha, hb, ta2, q
+
+    def _judge_block(self, tab: HostTable, kt: Kinds, kid: int, shared: tuple, i_bs: list[float], start_b: list[float]
+                     ) -> tuple[Judged, list[bool]]:
+        """One block of jobs of one kind: their arithmetic over the kind's columns (`_kind_arrays`)."""
+        xa, cols, ta, ia, xb, masked, t_b, ha, hb, ta2, q = shared
+        code = tab.code
+        n = len(i_bs)
+        ib = np.array(i_bs)[:, None]
+        if len(kt.types) == 1:
+            t_b_alone = kt.tb[kid, 0, 0]
+        else:
+            t_b_alone = kt.tb[kid, 0][code][None, :]
+        best = np.full((n, len(code)), np.inf)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            sums = self._pair_sums(ta, ia, ha, hb, ta2, q, t_b, ib[:, :, None], masked)
+            best[:, cols] = (sums[:, 0, :] if sums.shape[1] == 1 else sums.min(axis=1)) / 2
             wait = (tab.end_a + np.array(start_b)[:, None] + t_b_alone * ib) / 2
             feasible = np.isfinite(best)
             pays = feasible & (best < wait)
         any_f, any_p = feasible.any(axis=1).tolist(), pays.any(axis=1).tolist()
         low = np.where(feasible, best, np.inf).argmin(axis=1).tolist()
         count = feasible.sum(axis=1).tolist()
-        blk = Judged(kt, kids, i_bs, start_b, cols, xa, xb, sums, best, wait, tab.claims, pays, any_p, low, count)
+        blk = Judged(kt, [kid] * n, i_bs, start_b, cols, xa, xb, sums, best, wait, tab.claims, pays, any_p, low, count)
         return blk, any_f
 
     @staticmethod
-    def _pair_sums(ta, ia, xa, xb, t_b, i_b, masked) -> np.ndarray:
+    def _pair_sums(ta, ia, ha, hb, ta2, q, t_b, i_b, masked) -> np.ndarray:
         """Twice the pair's mean JCT (Theorem 1 at kappa = 0: B starts now) per (job, sub-batch, host), +inf where
-        the pair cannot share; eq. 16-17 where B finishes first, eq. 20-21 where A does. `ta`, `ia`: the hosts'.
-        (Called with numpy's divide, invalid and overflow warnings off.)"""
-        ha, hb = ta * xa, t_b * xb  # shared step times (eq. 14-15)
-        ta2 = ha * ia  # A's end when it finishes first
-        q = ta2 / hb  # B's iterations by then
+        the pair cannot share; eq. 16-17 where B finishes first, eq. 20-21 where A does. `ta`, `ia`: the hosts';
+        `ha`, `hb` the shared step times, `ta2` A's end when it finishes first, `q` B's iterations by then
+        (`_kind_arrays`). (Called with numpy's divide, invalid and overflow warnings off.)"""
         tb1 = hb * i_b  # B's end when it finishes first
         first_b = ta2 >= tb1
         x = tb1 / ha
@@ -264,6 +287,36 @@ class Castor(SharingScheduler):
         np.copyto(y, x, where=first_b)
         np.copyto(y, np.inf, where=masked)
         return y
+
+    @staticmethod
+    def _add_until_held(occ, pool: dict[str, int], order: np.ndarray, need: int, node_size: int):
+        """The one-by-one search of `_place`, for the nodes it picks (ties go by the pool's order): the first few
+        candidates one by one (most searches stop there), then up to where `holding_prefix` says it stops. The
+        `Spot` (over `pool`, which it adds to), the candidates' GPUs per node and how many were added; None when
+        all of them together cannot hold the job."""
+        spot = Spot(pool, need, node_size)
+        start = dict(pool)
+        shared_by_node: dict[str, list[tuple[int, Host, int]]] = {}
+
+        def add(i: int) -> None:
+            h = occ.host(i)
+            for node, gs in h.nodes.items():
+                lst = shared_by_node.setdefault(node, [])
+                for g in gs:
+                    lst.append((g, h, i))
+                spot.add(node, len(gs))
+
+        cands = order.tolist()
+        for k, i in enumerate(cands[:_ONE_BY_ONE], 1):
+            add(i)
+            if spot.nodes() is not None:
+                return spot, shared_by_node, k
+        tried = holding_prefix(occ, start, order, need, node_size) if len(cands) > _ONE_BY_ONE else None
+        if tried is None:
+            return None
+        for i in cands[_ONE_BY_ONE:tried]:
+            add(i)
+        return spot, shared_by_node, tried
 
     def _no_fit(self, job: Job, partners: int) -> Wait:
         return Wait(job.job_id, f"{self.name}: sharing pays with {partners} job(s) but their GPUs cannot hold it "
@@ -282,19 +335,10 @@ class Castor(SharingScheduler):
         if len(state.gpu_types) > 1:
             order = order[code[order] == code[first]]
             pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == gpu_type}
-        tried = holding_prefix(occ, pool, order, need, plan.node_size)
-        if tried is None:
+        found = self._add_until_held(occ, pool, order, need, plan.node_size)
+        if found is None:
             return self._no_fit(job, len(order))
-        # The one-by-one search up to where it stops, for the nodes it picks (ties go by the pool's order).
-        spot = Spot(pool, need, plan.node_size)
-        shared_by_node: dict[str, list[tuple[int, Host, int]]] = {}
-        for i in order[:tried].tolist():
-            h = occ.host(i)
-            for node, gs in h.nodes.items():
-                lst = shared_by_node.setdefault(node, [])
-                for g in gs:
-                    lst.append((g, h, i))
-                spot.add(node, len(gs))
+        spot, shared_by_node, tried = found
         chosen_nodes = spot.nodes()
         if chosen_nodes is None:
             raise AssertionError(f"{job.job_id}: the first {tried} partner(s) were to hold it")

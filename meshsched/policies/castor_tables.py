@@ -254,10 +254,11 @@ class Kinds:
 
 
 class Judged:
-    """A block of queued jobs' sharing arithmetic in a pass (`Castor._judge`), one row per job (a job's judgement
-    is the block and its row): the arrays whose last axis is the host columns `cols` (those alive when judged),
-    the pair's best mean JCT and the wait alternative's per host (every column), and what `_share` decides on
-    while no host was taken."""
+    """A block of queued jobs' sharing arithmetic in a pass (`Castor._judge`), jobs of one kind, one row per job (a
+    job's judgement is the block and its row): the arrays whose last axis is the host columns `cols` (those alive
+    when judged that the kind may take: xi per (sub-batch, column), the kind's; the pair sums per job), the pair's
+    best mean JCT and the wait alternative's per host (every column), and what `_share` decides on while no host
+    was taken."""
 
     __slots__ = ("kinds", "kind", "i_b", "start_b", "cols", "xa", "xb", "sums", "best", "wait", "claims", "pays",
                  "any_p", "low", "count")

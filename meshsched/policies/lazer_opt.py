@@ -26,13 +26,18 @@ The three stages of the paper:
   bootstrap     the first M = 10 suggestions come from a seeded Latin hypercube over [0, 100] (one point in
                 each tenth, in random order); no model exists yet. If more suggestions are asked for before
                 the first model is installed, further seeded Latin-hypercube blocks follow.
-  acquisition   a BoTorch SingleTaskGP over (X, c) (inputs: X and log1p of each context variable, normalised
-                to the unit cube by the observed range; outcome standardised), its noise level learned by
-                the marginal likelihood, then LogNoisyExpectedImprovement (which needs known noise: the
-                learned level is fixed for it) picks X. The paper maximises EI with L-BFGS from 5 random
-                starts; here EI is evaluated on a grid of X (101 points: whole seconds, 0 included, the
-                resolution of the paper's grid-search baseline) in one batched call: in one dimension as
-                good, deterministic, and cheaper (6-13 ms CPU; 201 points cost 18-29 ms).
+  acquisition   a GP over (X, c) (inputs: X and log1p of each context variable, normalised to the unit cube
+                by the observed range; outcome standardised): BoTorch's default SingleTaskGP (RBF kernel
+                with one lengthscale per input, its priors, its noise level learned by the marginal
+                likelihood, at least 1e-4), fitted and evaluated in numpy by `lazer_gp.GridGP` (the same
+                hyper-parameters and posterior as BoTorch's to float tolerance, tested; a fit takes tens of
+                ms where fit_gpytorch_mll took ~0.5 s, and no jitter is ever needed). X maximises the
+                closed-form expected improvement of the posterior below the incumbent (the lowest posterior
+                mean at the observed inputs: the noisy incumbent; until issue 26 LogNoisyExpectedImprovement,
+                whose noiseless fantasy models printed "A not p.d., added jitter"). The paper maximises EI
+                with L-BFGS from 5 random starts; here EI is evaluated on a grid of X (101 points: whole
+                seconds, 0 included, the resolution of the paper's grid-search baseline) in one kernel
+                matrix: in one dimension as good, deterministic, and cheap (~0.1-0.3 ms CPU).
   exploitation  once the installed model has been updated with at least 100 observations AND the EI of the
                 X chosen by the acquisition is under 10 %, the stage switches, for good, to returning the X
                 that minimises the GP's posterior mean on the same grid; observations are then ignored (the
@@ -47,17 +52,11 @@ can run it in an executor while `suggest` goes on with the installed model, then
 
 Determinism: the same config (seed included), the same sequence of suggest/observe/install calls and the
 same observations give bit-identical suggestions, on the same machine with the same library versions (tested:
-two replays; a FittedModel pickled to another process and back). `fit_model` draws its random numbers
-(LogNEI's Sobol fantasies, retries of the hyper-parameter fit) from torch's generator reseeded from (seed,
-number of observations) inside `torch.random.fork_rng`, so a fit does not depend on when it runs; `suggest`
-draws none. One caveat for meshd: gpytorch's settings (fast_pred_var, debug, detach_test_caches) are
-process-wide flags that botorch enters and leaves around every posterior, so a fit in a *thread* overlapping
-suggest() can differ from a sequential fit in the last bits (same chosen X in the tests); a ProcessPoolExecutor
-keeps it bit-identical. Use one torch intra-op thread (torch.set_num_threads(1)) for this work: at a few
-hundred points threads do not help, and on a busy 2-core machine two OpenMP threads cost ~8x the CPU.
+two replays; a FittedModel pickled to another process and back). `fit_model` draws no random numbers (L-BFGS-B
+from a fixed start), nor does `suggest`; a fit in a thread or a process gives the same model.
 
-Pure: no I/O, no clock, no threads. botorch is imported inside the functions that need it, so importing this
-module is fast.
+Pure: no I/O, no clock, no threads. scipy is imported inside the functions that need it, and torch/botorch not
+at all, so importing this module is fast.
 """
 
 from __future__ import annotations
@@ -165,7 +164,7 @@ class OptimizerConfig:
     ei_stop: float = 0.10  # ... and until the chosen X's EI is below this fraction of the objective's std
     refit_every: int = 5  # k: refit after this many new observations (the paper refits after each, k = 1)
     grid_points: int = 101  # X grid for the acquisition and the exploitation (whole seconds on [0, 100])
-    num_fantasies: int = 20  # LogNoisyExpectedImprovement's fantasy models (botorch's default)
+    num_fantasies: int = 20  # unused since the closed-form EI (issue 26); kept for configs that name it
 
     def __post_init__(self) -> None:
         if not (self.low_s < self.high_s):
@@ -209,103 +208,52 @@ class FitRequest:
 
 @dataclass(frozen=True, eq=False)
 class FittedModel:
-    """A fitted GP and its acquisition function (torch objects; use from one thread at a time)."""
+    """A fitted GP (`lazer_gp.GridGP`: numpy arrays) and what its acquisition needs; safe to share (read-only)."""
 
     n_observations: int
-    model: Any  # botorch SingleTaskGP with fixed (learned) noise
-    acquisition: Any  # botorch LogNoisyExpectedImprovement, minimising
+    model: Any  # lazer_gp.GridGP: the GP with its learned noise, posterior pieces cached
+    acquisition: Any  # the incumbent best_f (seconds): the lowest posterior mean at the observed inputs
     y_std: float  # the standardisation scale of the objective (seconds)
-    grid: Any = field(repr=False)  # (grid_points,) tensor of X values
+    grid: Any = field(repr=False)  # (grid_points,) numpy array of X values
 
-    def _inputs(self, context: DeferralContext):
-        import torch
-
-        c = torch.tensor(context.features(), dtype=self.grid.dtype)
-        return torch.cat([self.grid.unsqueeze(-1), c.expand(self.grid.shape[0], 4)], dim=-1)
+    def _inputs(self, context: DeferralContext) -> np.ndarray:
+        out = np.empty((self.grid.shape[0], 5))
+        out[:, 0] = self.grid
+        out[:, 1:] = context.features()
+        return out
 
     def best_ei(self, context: DeferralContext) -> tuple[float, float]:
-        """(X with the highest expected improvement on the grid, that EI / y_std).
+        """(X with the highest expected improvement on the grid, that EI / y_std): the closed-form EI of the
+        GP's posterior below the incumbent (`acquisition`), one kernel matrix per decision."""
+        from meshsched.policies.lazer_gp import log_ei_minimising
 
-        The same value as `acquisition(grid.unsqueeze(-2))` (LogNoisyExpectedImprovement.forward), computed
-        from one posterior call of the fantasy models over the whole grid: the forward's (grid x fantasies)
-        batch of one-point posteriors materialises a copy of the covariance root per grid point (~25x
-        slower at 200 observations). tests/test_lazer_opt.py checks the two agree.
-        """
-        import torch
-        from botorch.acquisition.analytic import _log_ei_helper, _scaled_improvement
-        from botorch.utils.safe_math import logmeanexp
-
-        acq = self.acquisition
-        with torch.no_grad():
-            post = acq.model.posterior(self._inputs(context))  # batch of fantasies x grid
-            mean = post.mean.squeeze(-1).T  # grid x fantasies
-            sigma = post.variance.clamp_min(1e-12).sqrt().squeeze(-1).T
-            u = _scaled_improvement(mean, sigma, acq.best_f, acq.maximize)
-            log_ei = logmeanexp(_log_ei_helper(u) + sigma.log(), dim=-1)
-        i = int(torch.argmax(log_ei))
+        mean, var = self.model.posterior(self._inputs(context))
+        log_ei = log_ei_minimising(mean, np.sqrt(var), float(self.acquisition))
+        i = int(np.argmax(log_ei))
         return float(self.grid[i]), math.exp(float(log_ei[i])) / self.y_std
 
     def mean_argmin(self, context: DeferralContext) -> float:
         """X with the lowest posterior mean of f(X | c) on the grid."""
-        import torch
-
-        with torch.no_grad():
-            mean = self.model.posterior(self._inputs(context)).mean.squeeze(-1)
-        return float(self.grid[int(torch.argmin(mean))])
-
-
-def _fit_seed(config: OptimizerConfig, n: int) -> int:
-    return int(np.random.SeedSequence([config.seed, n]).generate_state(1)[0])
+        mean, _ = self.model.posterior(self._inputs(context), variance=False)
+        return float(self.grid[int(np.argmin(mean))])
 
 
 def fit_model(request: FitRequest) -> FittedModel:
-    """Fit the GP and build its acquisition function: a pure function of `request` (seconds of CPU)."""
-    import torch
-    from botorch.acquisition.analytic import LogNoisyExpectedImprovement
-    from botorch.fit import fit_gpytorch_mll
-    from botorch.models import SingleTaskGP
-    from botorch.models.transforms.input import Normalize
-    from botorch.models.transforms.outcome import Standardize
-    from gpytorch.mlls import ExactMarginalLogLikelihood
+    """Fit the GP and find its incumbent: a pure function of `request` (milliseconds to tens of ms of CPU)."""
+    from meshsched.policies.lazer_gp import GridGP
 
     cfg, obs = request.config, request.observations
     if len(obs) < 2:
         raise ValueError(f"a fit needs at least 2 observations, got {len(obs)}")
-    dt = torch.float64
-    train_x = torch.tensor([(o.x, *o.context.features()) for o in obs], dtype=dt)
-    train_y = torch.tensor([[o.f] for o in obs], dtype=dt)
-    lo, hi = train_x.min(dim=0).values, train_x.max(dim=0).values
+    train_x = np.array([(o.x, *o.context.features()) for o in obs], dtype=np.float64)
+    train_y = np.array([o.f for o in obs], dtype=np.float64)
+    lo, hi = train_x.min(axis=0), train_x.max(axis=0)
     lo[0], hi[0] = cfg.low_s, cfg.high_s
-    hi = torch.where(hi - lo < 1e-9, lo + 1.0, hi)  # a constant context variable: any unit range
-    bounds = torch.stack([lo, hi])
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_fit_seed(cfg, len(obs)))
-        learned = SingleTaskGP(
-            train_x, train_y, input_transform=Normalize(5, bounds=bounds), outcome_transform=Standardize(1)
-        )
-        fit_gpytorch_mll(ExactMarginalLogLikelihood(learned.likelihood, learned))
-        y_std = float(learned.outcome_transform.stdvs.squeeze())
-        noise = learned.likelihood.noise.detach().reshape(()) * y_std**2  # back to seconds^2
-        model = SingleTaskGP(  # the same GP with its noise level fixed: what LogNEI's fantasies need
-            train_x,
-            train_y,
-            train_Yvar=noise.expand_as(train_y).clone(),
-            covar_module=learned.covar_module,
-            mean_module=learned.mean_module,
-            input_transform=Normalize(5, bounds=bounds),
-            outcome_transform=Standardize(1),
-        )
-        model.eval()
-        acquisition = LogNoisyExpectedImprovement(
-            model, train_x, num_fantasies=cfg.num_fantasies, maximize=False
-        )
-    grid = torch.linspace(cfg.low_s, cfg.high_s, cfg.grid_points, dtype=dt)
-    fitted = FittedModel(len(obs), model, acquisition, y_std, grid)
-    probe = obs[-1].context
-    fitted.best_ei(probe)  # build the posterior caches here, not in the first suggest
-    fitted.mean_argmin(probe)
-    return fitted
+    hi = np.where(hi - lo < 1e-9, lo + 1.0, hi)  # a constant context variable: any unit range
+    gp = GridGP.fit(train_x, train_y, lo, hi)
+    best_f = float(gp.posterior(train_x, variance=False)[0].min())  # the noisy incumbent (minimising)
+    grid = np.linspace(cfg.low_s, cfg.high_s, cfg.grid_points)
+    return FittedModel(len(obs), gp, best_f, gp.y_std, grid)
 
 
 class DeferralOptimizer:

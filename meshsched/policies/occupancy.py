@@ -1,15 +1,18 @@
 """Who holds which GPU, as arrays, for the sharing policies: single-job hosts, remaining work, GPU free times.
 
 Built once from the state, then kept up to date: when `ClusterState.version` moved, only the jobs the state's
-change log names (`ClusterState.changed_since`) are re-read, with the GPUs they hold or held and the jobs
-sharing those GPUs; a change the log cannot name (a node joined or was lost, or the log was outrun) rebuilds
-everything. Between two changes a pass only re-evaluates remaining work at its own `now`, vectorised.
+change log names (`ClusterState.changed_since`) are re-read (`apply`), with the GPUs they hold or held and the
+jobs sharing those GPUs (a job whose GPUs and state did not move: its row alone); a change the log cannot name
+(a node joined or was lost, or the log was outrun), or one naming more than half the holders, rebuilds
+everything (`castor_occupancy.FollowingOccupancy` follows the former without a rebuild). Between two changes
+a pass only re-evaluates remaining work at its own `now`, vectorised.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -63,22 +66,38 @@ class Occupancy:
         if state.version == self.version:
             return
         changed = state.changed_since(self.version)
-        if changed is None or len(changed) > _REBUILD_ABOVE:
+        if changed is None or self.rebuild_pays(len(changed)):
             self._build(holding)
             return
+        self.apply(changed)
+
+    def rebuild_pays(self, moved: int) -> bool:
+        """A full rebuild is cheaper than re-reading `moved` jobs one by one (about half the holders: a job
+        re-read costs about twice its share of a rebuild)."""
+        return moved > max(_REBUILD_ABOVE, len(self._row) // 2)
+
+    def apply(self, changed: Iterable[str]) -> None:
+        """Re-read these jobs (and the GPUs they hold or held, and the jobs sharing those) and take the state's
+        version: the arrays end as a rebuild's would (rows aside)."""
+        state = self.state
         jobs, gpus = state.jobs, state.gpus
         touched_gpus: set[int] = set()
+        again: set[str] = set()
         for jid in changed:
             row = self._row.get(jid)
+            job = jobs.get(jid)
+            if row is not None and job is self.jobs[row] and job.gpus == self._held[row] and job.state.holds_gpus \
+                    and (job.state is JobState.PAUSING) == self.pausing[row]:
+                self._set_row(job, row)  # only its progress or settings moved: no GPU or host changes by it
+                continue
+            again.add(jid)
             if row is not None:
                 touched_gpus.update(self._held[row])
-            job = jobs.get(jid)
             if job is not None and job.gpus and job.state.holds_gpus:
                 touched_gpus.update(job.gpus)
                 self._set_row(job, row)
             elif row is not None:
                 self._drop_row(jid, row)
-        again = set(changed)
         holders = self.holders
         pos = self._row
         for g in touched_gpus:
@@ -135,22 +154,32 @@ class Occupancy:
                 self.holders[g.index, 0] = pos.get(js[0], -1)
                 if len(js) == 2:
                     self.holders[g.index, 1] = pos.get(js[1], -1)
-        live = [n for n in state.nodes.values() if n.alive]
-        width = max((n.size for n in live), default=1)
-        self.node_size = width
-        self.node_gpus = np.full((len(live), width), -1, dtype=np.int64)  # GPU index per (live node, slot)
-        for r, node in enumerate(live):
-            self.node_gpus[r, : node.size] = node.gpus
+        self._index_nodes()
         for j in jobs:
             self._set_host(j.job_id)
         self._hosts_dirty = True
-        self.node_row = {node.name: r for r, node in enumerate(live)}
-        # per GPU: its live node's row in `node_gpus` (a lost node's: one past the last), and the first GPU of
-        # the host holding it alone (-1: none), so a policy can count hosts' GPUs per node with one bincount
-        self.gpu_node = np.array([self.node_row.get(g.node, len(live)) for g in gpus], dtype=np.int64)
+        # per GPU: the first GPU of the host holding it alone (-1: none), so a policy can count hosts' GPUs per
+        # node with one bincount (with `gpu_node`)
         self.solo_of = np.full(len(gpus), -1, dtype=np.int64)
         for h in self._hosts.values():
             self.solo_of[list(h.gpus)] = h.gpus[0]
+
+    def _index_nodes(self) -> None:
+        """The live nodes' arrays: `node_gpus`, `node_row`, `node_size` and, per GPU, its live node's row in
+        `node_gpus` (`gpu_node`; a lost node's: one past the last)."""
+        state = self.state
+        live = [n for n in state.nodes.values() if n.alive]
+        sizes = np.array([len(n.gpus) for n in live], dtype=np.int64)
+        width = int(sizes.max()) if len(live) else 1
+        self.node_size = width
+        self.node_gpus = np.full((len(live), width), -1, dtype=np.int64)  # GPU index per (live node, slot)
+        rows = np.repeat(np.arange(len(live)), sizes)
+        slots = np.arange(len(rows)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        flat = np.fromiter(chain.from_iterable(n.gpus for n in live), dtype=np.int64, count=len(rows))
+        self.node_gpus[rows, slots] = flat
+        self.node_row = {node.name: r for r, node in enumerate(live)}
+        self.gpu_node = np.full(len(state.gpus), len(live), dtype=np.int64)
+        self.gpu_node[flat] = rows
 
     def _set_row(self, job: Job, row: int | None) -> None:
         if row is None:

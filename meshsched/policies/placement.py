@@ -8,34 +8,48 @@ type (a job spread over a V100 and a K80 runs at the K80's pace and mixes kernel
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from meshsched.state import ClusterState
 
 
-def fewest_nodes(free: dict[str, int], want: int) -> list[tuple[str, int]] | None:
+def fewest_nodes(free: dict[str, int], want: int, most: int | None = None) -> list[tuple[str, int]] | None:
     """Choose (node, count) pairs covering `want` GPUs on as few nodes as possible.
 
     If one node can hold the job, the fullest such node is used (best fit); otherwise the
     emptiest nodes are taken whole and the remainder goes to the best-fitting node.
-    Returns None when the free GPUs do not add up to `want`.
+    Returns None when the free GPUs do not add up to `want`, or when the plan would need more than `most` nodes.
     """
     if want <= 0 or sum(free.values()) < want:
         return None
-    left = dict(free)
+    best, best_free = None, 1 << 30
+    for name, n in free.items():
+        if want <= n < best_free:
+            best, best_free = name, n
+    if best is not None:
+        return [(best, want)]
+    # No node holds it all: the emptiest nodes whole (most free first, ties by the larger name), while even the
+    # emptiest node left cannot hold the rest; one sort instead of a max() per node taken.
+    ranked = sorted(free.items(), key=_count_then_name, reverse=True)
     chosen: list[tuple[str, int]] = []
     remaining = want
-    while remaining:
-        best = None
-        best_free = 1 << 30
-        for name, n in left.items():
-            if remaining <= n < best_free:
-                best, best_free = name, n
-        if best is not None:
-            chosen.append((best, remaining))
-            return chosen
-        name = max(left, key=lambda k: (left[k], k))
-        chosen.append((name, left[name]))
-        remaining -= left.pop(name)
+    for name, n in ranked:
+        if n >= remaining:
+            break
+        chosen.append((name, n))
+        remaining -= n
+        if most is not None and len(chosen) >= most:
+            return None  # the rest needs one more node at least
+    taken = {name for name, _ in chosen}
+    best, best_free = None, 1 << 30
+    for name, n in free.items():
+        if remaining <= n < best_free and name not in taken:
+            best, best_free = name, n
+    chosen.append((best, remaining))
     return chosen
+
+
+_count_then_name = itemgetter(1, 0)
 
 
 class Planner:
@@ -45,7 +59,7 @@ class Planner:
 
     def __init__(self, state: ClusterState) -> None:
         self._state = state
-        self._free = {n: c for n, c in state.free_by_node.items() if c > 0}
+        self._free = dict(state.free_nodes())
         self._taken: set[int] = set()
         self._node_size = max(state.largest_node, 1)
         self._type = {n.name: n.gpu_type for n in state.nodes.values()} if len(state.gpu_types) > 1 else None
@@ -69,11 +83,10 @@ class Planner:
             return None if best is None else [(best, want)]
         most = -(-want // self._node_size)
         if self._type is None:
-            plan = fewest_nodes(free, want)
-            return None if plan is None or len(plan) > most else plan
+            return fewest_nodes(free, want, most)
         best = None
         for t in sorted(set(self._type.values())):  # one GPU type per job
-            plan = fewest_nodes({n: c for n, c in free.items() if self._type[n] == t}, want)
+            plan = fewest_nodes({n: c for n, c in free.items() if self._type[n] == t}, want, most)
             if plan is not None and len(plan) <= most and (best is None or len(plan) < len(best)):
                 best = plan
         return best

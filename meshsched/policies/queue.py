@@ -7,11 +7,13 @@ One scheduler walks the wait queue in its ordering's priority, starts what fits 
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from meshsched.policies.abilities import RanksVictims
 from meshsched.policies.base import ClusterView, Cycle, Decision, Evict, Start, Trigger
+from meshsched.policies.victim_rank import RemainingRank
 from meshsched.state import Job, JobState
 
 
@@ -30,8 +32,7 @@ def worst_first(order: Ordering, jobs, now: float) -> list[tuple[tuple, Job]]:
     return ranked
 
 
-def _first(pair: tuple) -> tuple:
-    return pair[0]
+_first = itemgetter(0)  # a pair's priority (a Python key function cost a call per job on every pass)
 
 
 class Fifo:
@@ -129,6 +130,8 @@ class QueueScheduler:
     # periodic: decided at a tick, waiting on a pause; a dict, in the order chosen, so ties in submit time are
     # broken the same way in every process (a set's order follows the per-process string hash seed)
     _promised: dict[str, None] = field(default_factory=dict, repr=False)
+    # SRTF's victims, kept ranked between passes (meshsched.policies.victim_rank); not copied by `replace`
+    _victims: RemainingRank = field(default_factory=RemainingRank, init=False, repr=False, compare=False)
 
     periodic: bool = field(default=True, init=False)
 
@@ -190,14 +193,16 @@ class QueueScheduler:
         pool only shrinks), so once N GPUs could not be started or made room for, no later job of N
         or more is tried again in this pass. `evict_for` limits eviction to one job (the newcomer).
         """
+        if not self.preemptive:
+            return self._start_pass(view, cycle, placement)
         now, plan = cycle.now, cycle.plan
         monotone = placement.monotone
-        soon = view.pausing_by_node() if self.preemptive else {}
-        min_need = view.min_queued_gpus
-        total = view.total_gpus
+        soon = view.pausing_by_node()
+        min_need, total = view.min_queued_gpus, view.total_gpus
         decisions: list[Decision] = []
         victims: list[tuple[tuple, Job]] | None = None  # evictable, worst first
         evicted: set[str] = set()
+        nodes_of: dict[str, tuple[str, ...]] = {}  # victim -> its GPUs' nodes (room_by_eviction's memo)
         self._promised.clear()
         no_start = no_evict = total + 1  # smallest demand that could not start / get room in this pass
         newcomer_seen = evict_for is None
@@ -232,11 +237,9 @@ class QueueScheduler:
             spot = plan.compact(pool, need)
             if spot is None and may_evict:
                 if victims is None:
-                    order = self.order
-                    victims = (order.worst_first(view.holding(), now) if isinstance(order, RanksVictims)
-                               else worst_first(order, view.holding(), now))
+                    victims = self._rank_victims(view, now)
                 spot, chosen = room_by_eviction(
-                    view, plan, pool, need, self.order.priority(job, now), victims, evicted
+                    view, plan, pool, need, self.order.priority(job, now), victims, evicted, nodes_of
                 )
                 if spot is None:
                     no_evict = need
@@ -262,6 +265,49 @@ class QueueScheduler:
                 self._promised[job.job_id] = None
         return decisions
 
+    def _rank_victims(self, view: ClusterView, now: float):
+        """The jobs that may be preempted, worst first: SRTF's kept ranked between passes and read lazily (a pass
+        reads only the first few: meshsched.policies.victim_rank), any other ordering's ranked in full."""
+        order = self.order
+        if type(order) is ShortestRemaining:
+            return self._victims.ranked(view, now)
+        return (order.worst_first(view.holding(), now) if _ranks_victims(type(order))
+                else worst_first(order, view.holding(), now))
+
+    def _start_pass(self, view: ClusterView, cycle: Cycle, placement) -> list[Decision]:
+        """`_pass` without preemption: start what fits, best first. The queue is walked by demand (ids and GPU
+        counts) and a job is read only when it is tried; with this scheduler's own `try_start` (exclusive GPUs),
+        a job asking for more GPUs than the pass has left is not tried, and the walk ends once no queued job
+        could fit in what is left (the same decisions as trying each)."""
+        plan = cycle.plan
+        own = type(placement) is QueueScheduler  # try_start: None whenever need > plan.free_total
+        strict = self.strict
+        min_need = view.min_queued_gpus
+        total = view.total_gpus
+        decisions: list[Decision] = []
+        self._promised.clear()
+        no_start = total + 1  # smallest demand that could not start in this pass
+        for job_id, need in view.queue_demands():
+            if need > total:
+                continue  # unschedulable here; never blocks the queue
+            if need < no_start:
+                if own and need > plan.free_total:
+                    d = None
+                else:
+                    d = placement.try_start(view, cycle, view.job(job_id))
+                    if isinstance(d, Start):
+                        decisions.append(d)
+                        if own and plan.free_total < min_need and not strict:
+                            break  # no queued job fits in what is left
+                        continue
+                    if d is not None:
+                        decisions.append(d)
+                if placement.monotone:
+                    no_start = need
+            if strict or no_start <= min_need:
+                break
+        return decisions
+
     def next_timer(self, view: ClusterView, now: float) -> float | None:
         if not view.has_runnable_queue:
             return None
@@ -277,11 +323,28 @@ class QueueScheduler:
         return None
 
 
+_RANKS: dict[type, bool] = {}
+
+
+def _ranks_victims(kind: type) -> bool:
+    """isinstance(order, RanksVictims), remembered per class (a Protocol check costs microseconds every pass)."""
+    r = _RANKS.get(kind)
+    if r is None:
+        r = _RANKS[kind] = issubclass(kind, RanksVictims)
+    return r
+
+
 def room_by_eviction(
-    view: ClusterView, plan, pool: dict[str, int], need: int, prio: tuple, victims: list, evicted: set[str]
+    view: ClusterView, plan, pool: dict[str, int], need: int, prio: tuple, victims: list, evicted: set[str],
+    nodes_of: dict[str, tuple[str, ...]] | None = None,
 ) -> tuple[list[tuple[str, int]] | None, list[tuple[str, tuple[str, ...]]]]:
-    """Add strictly lower-priority jobs' GPUs to `pool`, worst first, until `need` fits compactly."""
+    """Add strictly lower-priority jobs' GPUs to `pool`, worst first, until `need` fits compactly.
+
+    `nodes_of`: the pass's memo of each victim's nodes (one per GPU), kept across the calls of one pass."""
     chosen: list[tuple[str, tuple[str, ...]]] = []
+    if nodes_of is None:
+        nodes_of = {}
+    gpus = view.cluster_state().gpus
     single = need <= plan.node_size
     pooled = sum(pool.values())
     for vprio, v in victims:
@@ -290,7 +353,9 @@ def room_by_eviction(
         vid = v.job_id
         if vid in evicted:
             continue
-        vnodes = tuple(view.node_of(g) for g in v.gpus)
+        vnodes = nodes_of.get(vid)
+        if vnodes is None:
+            vnodes = nodes_of[vid] = tuple([gpus[g].node for g in v.gpus])
         chosen.append((vid, vnodes))
         touched = False
         for node in vnodes:

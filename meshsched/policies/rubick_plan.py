@@ -9,6 +9,9 @@ job may use, then the fewest CPUs within 1 % of that time), and host memory for 
   the node's CPUs, split among the jobs on that GPU, so a partner arriving or leaving changes them. A job
   holding more CPUs than its share now is replanned at once; a job that could run faster is replanned only
   if the time saved on its remaining work pays PAYBACK restarts, and not within LEASE restarts of its start.
+- a job beside a partner keeps the micro-batch the placement layer sized to fit next to it: only plans with that
+  micro-batch are chosen (another one may not fit in the GPU's memory beside the partner, or its slowdown is not
+  profiled: the simulator failed such a job as out of memory).
 Jobs of other models (no plan profile) are left to the other layers. Without this layer a job of a plan
 profile trains on its asked plan with its asked CPUs.
 """
@@ -49,7 +52,9 @@ class RubickPlans:
         job = view.job(d.job_id)
         if not self.planned(job.spec.model):
             return d
-        best = self.choose(job.spec.model, _shape(view, d.gpus), _cpu_room(view, d.gpus, joining=True))
+        micro = _partner_micro(view, d.gpus, job, d.exec)
+        best = self.choose(job.spec.model, _shape(view, d.gpus), _cpu_room(view, d.gpus, joining=True),
+                           job.spec.batch_size, micro)
         if best is None:
             return d  # no plan fits these GPUs: the job trains as the placement layer said
         plan, cpus, _ = best
@@ -71,11 +76,11 @@ class RubickPlans:
     def _replan_one(self, view: ClusterView, job: Job, now: float) -> Reconfigure | None:
         room = _cpu_room(view, job.gpus)
         shape = _shape(view, job.gpus)
-        best = self.choose(job.spec.model, shape, room)
+        x = job.exec or ExecConfig.default_for(job.spec)
+        best = self.choose(job.spec.model, shape, room, job.spec.batch_size, _partner_micro(view, job.gpus, job, x))
         if best is None:
             return None
         plan, cpus, t = best
-        x = job.exec or ExecConfig.default_for(job.spec)
         cur_plan = x.plan or job.spec.plan
         cur_cpus = x.cpus_per_gpu or _asked_cpus(job)
         if cur_plan == str(plan) and cur_cpus == cpus:
@@ -99,19 +104,24 @@ class RubickPlans:
 
     # -- the choice ----------------------------------------------------------------------------------------
 
-    def choose(self, model: str, shape: tuple[int, ...], room: int) -> tuple[ExecutionPlan, int, float] | None:
+    def choose(self, model: str, shape: tuple[int, ...], room: int, batch: int = 0,
+               micro: int | None = None) -> tuple[ExecutionPlan, int, float] | None:
         """(plan, CPUs per GPU, seconds per step): the fastest plan on `shape` with up to `room` CPUs per GPU,
-        at the fewest CPUs within 1 % of its time; None if no plan fits."""
-        key = (model, shape, room)
+        at the fewest CPUs within 1 % of its time; None if no plan fits. `micro`: only plans whose micro-batch
+        (of a global `batch`) is that one."""
+        key = (model, shape, room, batch if micro is not None else 0, micro)
         if key not in self._best:
-            self._best[key] = self._search(model, shape, room)
+            self._best[key] = self._search(model, shape, room, batch, micro)
         return self._best[key]
 
-    def _search(self, model: str, shape: tuple[int, ...], room: int) -> tuple[ExecutionPlan, int, float] | None:
+    def _search(self, model: str, shape: tuple[int, ...], room: int, batch: int,
+                micro: int | None) -> tuple[ExecutionPlan, int, float] | None:
         prof = self.catalog.profile(model)
         gpus = sum(shape)
         best: tuple[ExecutionPlan, float] | None = None
         for p in candidate_plans(prof.spec, gpus):
+            if micro is not None and max(1, batch // (p.dp * p.ga)) != micro:
+                continue
             if fits(prof.spec, p, self.perf.env):
                 t = iteration_time(prof, p, Resources(shape, float(room)), self.perf.env)
                 if best is None or t < best[1]:
@@ -150,6 +160,14 @@ def _cpu_room(view: ClusterView, gpus, joining: bool = False) -> int:
         on = len(state.gpus[g].jobs) + (1 if joining else 0)
         room = min(room, share[view.node_of(g)] // max(on, 1))
     return max(room, MIN_CPUS_PER_GPU)
+
+
+def _partner_micro(view: ClusterView, gpus, job: Job, x: ExecConfig | None) -> int | None:
+    """The micro-batch a job beside a partner on `gpus` must keep (None: it has no partner there)."""
+    state = view.cluster_state()
+    if not any(other != job.job_id for g in gpus for other in state.gpus[g].jobs):
+        return None
+    return x.micro_batch if x is not None else ExecConfig.default_for(job.spec).micro_batch
 
 
 def _asked_cpus(job: Job) -> int:

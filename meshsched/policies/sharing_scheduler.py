@@ -30,6 +30,7 @@ from meshsched.perf.model import PerfModel
 from meshsched.perf.placement import ideal_placement
 from meshsched.policies.abilities import Prefills
 from meshsched.policies.base import ClusterView, Cycle, Decision, Start, Trigger, Wait
+from meshsched.policies.castor_occupancy import FollowingOccupancy
 from meshsched.policies.occupancy import Host, Occupancy
 from meshsched.policies.placement import Planner
 from meshsched.state import ClusterState, Job
@@ -214,7 +215,8 @@ class SharingScheduler:
         return ps.hosts
 
     def _occupancy(self, view: ClusterView, state) -> Occupancy:
-        """Jobs holding GPUs as arrays, brought up to date with the state's change log (see `occupancy`)."""
+        """Jobs holding GPUs as arrays, brought up to date with the state's change log (see `occupancy`; after a
+        change the log cannot name, by re-reading only the holders that moved: `castor_occupancy`)."""
         occ = self._occ
         if occ is None or occ.state is not state:
             gpus = state.gpus
@@ -223,7 +225,7 @@ class SharingScheduler:
                 g = gpus[j.gpus[0]]
                 return (j.spec.model, self.micro_batch(j), g.gpu_type, g.memory_mb)
 
-            self._occ = occ = Occupancy(state, view.holding(), self._solo_step, group)
+            self._occ = occ = FollowingOccupancy(state, view.holding(), self._solo_step, group)
         else:
             occ.refresh(view.holding())
         return occ

@@ -10,6 +10,7 @@ from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
 from meshsched.policies.abilities import ModelsMpsShare, PredictsInterference
 from meshsched.policies.stack import PolicyStack
+from meshsched.sim.durations import FixedStepEstimator, trace_timed
 from meshsched.sim.rules import SimRules, SteppedStack, check_policy
 from meshsched.sim.world import SimWorld
 from meshsched.state import JobSpec, NodeSpec
@@ -99,12 +100,11 @@ def simulate(
     perf,
     cluster: ClusterSpec,
     *,
-    interference=None,
-    mps_share=None,
+    interference=None, mps_share=None,
     after_event: Callable[[Engine], None] | None = None,
     progress: Callable[[int], None] | None = None,
     rules: SimRules = SimRules(),
-    events: Sequence[tuple[float, ev.Event]] = (),
+    events: Sequence[tuple[float, ev.Event]] = (), durations: Sequence[float] | None = None,
 ) -> SimResult:
     """Replay `jobs` (sorted by submit_time) under `policy` until nothing is left to happen.
 
@@ -116,8 +116,9 @@ def simulate(
     gets one pass per step (ValueError for a periodic policy).
     `events`: (time, event) pairs the operator says, such as `DrainChanged` (meshsched.loaders.events), each fed
     to the engine at its time, before an arrival at the same time; a drain without a resume lasts to the end.
+    `durations`: the trace's, in `jobs`' order (`Trace.durations`), for rules with `trace_durations` (sim.durations).
     """
-    engine, world, gate = _start(policy, perf, cluster, interference, mps_share, rules)
+    jobs, engine, world, gate = _start(jobs, durations, policy, perf, cluster, interference, mps_share, rules)
     result = SimResult(engine, cluster, 0)
     for at, said in sorted(events, key=lambda pair: pair[0]):  # stable: ties keep their order
         world.push(at, said)
@@ -175,21 +176,26 @@ def simulate(
     return result
 
 
-def _start(policy: PolicyStack, perf, cluster: ClusterSpec, interference, mps_share,
-           rules: SimRules) -> tuple[Engine, SimWorld, SteppedStack | None]:
-    """The engine (behind a time-step gate under a stepped simulator's rules) and the world, every node joined
-    at 0 before the first arrival; `simulate` documents the defaults of `interference` and `mps_share`."""
+def _start(jobs: Sequence[JobSpec], durations: Sequence[float] | None, policy: PolicyStack, perf,
+           cluster: ClusterSpec, interference, mps_share,
+           rules: SimRules) -> tuple[Sequence[JobSpec], Engine, SimWorld, SteppedStack | None]:
+    """The jobs to replay (trace-timed under `rules.trace_durations`: meshsched.sim.durations), the engine (behind
+    a time-step gate under a stepped simulator's rules) and the world, every node joined at 0 before the first
+    arrival; `simulate` documents the defaults of `interference` and `mps_share`. A trace-timed job's fixed step
+    is both the engine's estimate and the world's truth."""
+    estimator = ProfileEstimator(perf)
+    jobs, steps = trace_timed(jobs, durations, rules, estimator, cluster)
     nodes = cluster.node_specs()
     check_policy(rules, policy)
     if policy.preemption is None:
         rules = replace(rules, preemptive_end_lag_s=0.0)
     gate = SteppedStack(policy) if rules.time_step_s is not None else None
-    engine = Engine(gate or policy, ProfileEstimator(perf))
+    engine = Engine(gate or policy, FixedStepEstimator(estimator, steps) if steps else estimator)
     if interference is None and isinstance(policy.placement, PredictsInterference):
         interference = policy.placement.interference
     if mps_share is None and isinstance(policy.calibration, ModelsMpsShare):
         mps_share = policy.calibration.mps_share
-    world = SimWorld(perf, nodes, interference, mps_share, rules)
+    world = SimWorld(perf, nodes, interference, mps_share, rules, steps)
     for n in nodes:
         world.execute(engine.handle(ev.NodeJoined(f"join-{n.name}", n), 0.0), 0.0)
-    return engine, world, gate
+    return jobs, engine, world, gate

@@ -26,7 +26,9 @@ class SimRules:
     of more than `large_job_gpus` GPUs (None: restart_charge_s). time_step_s: deliver events at the nearest
     multiple of the step and run one scheduling pass per step; None: a pass per event.
     preemptive_end_lag_s: under a preemptive policy a job gives its GPUs back this long after its last
-    iteration (Lucid's srtf counts the remaining seconds down and notices zero one step later)."""
+    iteration (Lucid's srtf counts the remaining seconds down and notices zero one step later).
+    trace_durations: a job runs for exactly its trace duration wherever it runs, and SJF ranks it by exactly that
+    duration (meshsched.sim.durations: a whole-second duration d is replayed as d iterations of 1 s)."""
 
     load_time: bool = True
     restart_charge_s: float | None = None
@@ -34,6 +36,7 @@ class SimRules:
     large_job_gpus: int = 8
     time_step_s: float | None = None
     preemptive_end_lag_s: float = 0.0
+    trace_durations: bool = False
 
     def __post_init__(self) -> None:
         for name in ("restart_charge_s", "restart_charge_large_s"):
@@ -70,9 +73,10 @@ class SimRules:
 
 RULES: dict[str, SimRules] = {
     "meshsched": SimRules(),
-    # Lucid's simulation/: no load time, 40 s per restart (60 s over 8 GPUs), one pass per 1 s step, srtf's end lag
+    # Lucid's simulation/: no load time, 40 s per restart (60 s over 8 GPUs), one pass per 1 s step, srtf's end
+    # lag, and each job runs (and sjf ranks it) by the trace's own duration
     "lucid": SimRules(load_time=False, restart_charge_s=40.0, restart_charge_large_s=60.0, time_step_s=1.0,
-                      preemptive_end_lag_s=1.0),
+                      preemptive_end_lag_s=1.0, trace_durations=True),
 }
 
 

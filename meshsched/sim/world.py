@@ -34,7 +34,6 @@ changes sends none: the engine's own estimate (the same perf model) is already i
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 from dataclasses import dataclass, field
 
 from meshsched import events as ev
@@ -45,7 +44,7 @@ from meshsched.perf.mps_share import Partner
 from meshsched.policies.gimbal import LGRR_SWITCH_S
 from meshsched.policies.gimbal_policy import is_calibrated, job_perf
 from meshsched.sim.rules import SimRules
-from meshsched.state import ExecConfig, JobSpec, NodeSpec
+from meshsched.state import ExecConfig, JobSpec, NodeSpec, placement_shape
 
 
 @dataclass(slots=True)
@@ -70,8 +69,9 @@ class SimWorld:
     """Owns the event heap; `push` schedules an event, `pop` returns the next live one. An Executor."""
 
     def __init__(self, perf, nodes: list[NodeSpec], interference=None, mps_share=None,
-                 rules: SimRules = SimRules()) -> None:  # perf: PerfModel
+                 rules: SimRules = SimRules(), fixed_steps: dict[str, float] | None = None) -> None:  # perf: PerfModel
         self._perf = perf
+        self._fixed_steps = fixed_steps or {}  # trace-timed jobs' solo step, wherever they run (sim.durations)
         self._rules = rules
         self._stepped = rules.time_step_s is not None
         self._gpu_node: list[str] = []
@@ -151,6 +151,9 @@ class SimWorld:
         self._specs[spec.job_id] = spec
 
     def _solo(self, run: _Run) -> float:
+        fixed = self._fixed_steps.get(run.spec.job_id)
+        if fixed is not None:
+            return fixed
         if run.exec is not None and run.exec.plan is not None:  # an execution plan (Rubick): the plan model
             return self._perf.plan_iteration_time(run.spec.model, run.exec, self._shape(run.gpus))
         if run.spec.plan is not None and hasattr(self._perf, "plan_iteration_time"):  # no plan layer: as asked
@@ -389,7 +392,8 @@ class SimWorld:
                 self._rerate(p, prun, now)
 
     def _shape(self, gpus: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(sorted(Counter(self._gpu_node[g] for g in gpus).values(), reverse=True))
+        node = self._gpu_node
+        return placement_shape([node[g] for g in gpus])
 
 
 def _restart_key(x: ExecConfig) -> tuple:

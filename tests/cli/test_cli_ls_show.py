@@ -80,7 +80,8 @@ def test_ls_filters_and_format(served, tmp_path, mesh):
         r = mesh("ls", *bad)
         assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1 and "mesh: error:" in r.stderr, (bad, r.output)
     mesh("cancel", run, wait)
-    poll(lambda: served.records[run].state == "CANCELLED", what="cancelled")
+    # the cancel frees `run`'s GPUs before it reaches `wait`, which may start and then need its kill: wait for both
+    poll(lambda: served.records[run].state == served.records[wait].state == "CANCELLED", what="both cancelled")
     assert ids("--state", "CANCELLED") == [run, wait]  # an ended state: ended jobs listed without --all
 
 

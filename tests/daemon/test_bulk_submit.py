@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-from tests.support.daemon import daemon_in_thread, make_config, remove, short_dir
+from tests.support.daemon import daemon_in_thread, make_config, poll, remove, short_dir
 
 
 @pytest.fixture
@@ -152,13 +152,15 @@ def wait_running(d, job_id: str) -> None:
         time.sleep(0.05)
 
 
-def journaled(d) -> dict[str, str]:
-    """job id -> the record text meshd's journal has committed (read on a connection of its own)."""
-    db = sqlite3.connect(d.journal.path)
+def journaled_records(d) -> dict:
+    """job id -> the record meshd's journal has committed, as a restart reads it (on a connection of its own)."""
+    from meshsched.daemon.journal import Journal
+
+    journal = Journal(d.journal.path)
     try:
-        return dict(db.execute("SELECT job_id, record FROM jobs").fetchall())
+        return {rec.job_id: rec for rec in journal.load()}
     finally:
-        db.close()
+        journal.close()
 
 
 def test_a_busy_clusters_array_is_written_once_and_a_started_task_twice(traced):
@@ -181,8 +183,8 @@ def test_a_busy_clusters_array_is_written_once_and_a_started_task_twice(traced):
         busy = submitted(d, loop, statements, 5, hold=False)
         # their records, their transitions, the id: one commit; their passes changed nothing, so wrote nothing
         assert len(busy) == 1 and sum("INSERT OR REPLACE INTO jobs" in s for s in busy[0]) == 5, busy
-        texts = journaled(d)
-        assert all(texts[f"3_{i}"] == d.records[f"3_{i}"].to_json() for i in range(5))
+        kept = journaled_records(d)  # (the tasks' env is the array's, written once: test_array_env_is_journaled_once)
+        assert all(kept[f"3_{i}"] == d.records[f"3_{i}"] for i in range(5))
         assert all(d.records[f"3_{i}"].state == "PENDING" for i in range(5))
     finally:
         on_loop(loop, lambda: d.cancel(blocker))
@@ -200,3 +202,44 @@ def test_a_placement_without_an_admission_check_is_not_asked_per_task(traced, mo
         self, view, spec))
     submitted(d, loop, statements, 30)
     assert asked == []
+
+
+def test_an_array_gets_one_scheduling_pass_and_its_cancel_one_more(traced, monkeypatch):
+    """Fails before: each of an array's tasks had a scheduling pass of its own at submit (300 passes for 300 tasks,
+    ~40 % of the accept's CPU), and its cancel one event (and a pass wherever a slot freed) per task. Now the tasks
+    reach the engine together (`Engine.handle_many`): one pass, the same tasks started; one pass for the cancel."""
+    from meshsched.policies.stack import PolicyStack
+
+    d, loop, _ = traced
+    passes: list = []
+    real = PolicyStack.schedule
+    monkeypatch.setattr(PolicyStack, "schedule", lambda self, view, now, trigger: passes.append(trigger) or real(
+        self, view, now, trigger))
+
+    def counted(call):
+        before = len(passes)  # on meshd's thread: nothing else it does interleaves with `call`
+        out = call()
+        return out, len(passes) - before
+
+    from meshsched.daemon.control import ControlRequest
+
+    from meshsched.wire.protocol import SubmitRequest
+
+    ctl, body = ControlRequest.split({"command": ["sleep", "600"], "cwd": "/tmp", "gpus": 1, "array": "0-299%3"})
+    recs, n = on_loop(loop, lambda: counted(lambda: d.submission.submit(SubmitRequest.from_json(body), ctl, "t")))
+    assert n == 1 and len(recs) == 300
+    states = [d.records[r.job_id].state for r in recs]
+    assert states[:3] == ["LOADING"] * 3 or all(s in ("LOADING", "RUNNING") for s in states[:3]), states[:3]
+    assert set(states[3:]) == {"PENDING"}  # the throttle %3: as one task at a time would have had it
+    assert d.engine.pending_reason("1_3") == d.engine.pending_reason("1_299") != ""
+    ctl, body = ControlRequest.split({"command": ["sleep", "600"], "cwd": "/tmp", "gpus": 1, "array": "0-299"})
+    plain, n = on_loop(loop, lambda: counted(lambda: d.submission.submit(SubmitRequest.from_json(body), ctl, "t")))
+    assert n == 1  # (before: 300)
+    assert d.records["2_0"].state in ("LOADING", "RUNNING") and {r.state for r in plain[1:]} == {"PENDING"}
+    assert (d.engine.pending_reason("2_1"), d.engine.pending_reason("2_299")) == ("Resources", "Priority")
+    running = recs[:3] + plain[:1]
+    _, n = on_loop(loop, lambda: counted(lambda: d.cancel_many([r.job_id for r in recs + plain])))
+    assert n <= 1
+    assert {d.records[r.job_id].state for r in recs[3:] + plain[1:]} == {"CANCELLED"}
+    assert all(d.records[r.job_id].cancelling or d.records[r.job_id].state == "CANCELLED" for r in running)
+    poll(lambda: all(d.records[r.job_id].state == "CANCELLED" for r in running), 30, "tasks killed")

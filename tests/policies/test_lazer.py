@@ -496,3 +496,28 @@ def test_the_memory_goes_through_the_journal_and_back(tmp_path):
              ClusterSpec(2, 8, "v100", perf.gpu_memory_mb("v100")), after_event=after)
     (equal, timer, first), = seen
     assert equal and timer == first
+
+
+def test_a_sharing_placement_runs_its_own_bounded_release_pass():
+    """castor+lazer: a release pass goes through Castor's own pass (its sharing searches bounded by its depth),
+    not one try_start (a sharing search) per queued job, 90 % of a busy-window replay before (issue 26)."""
+    from meshsched.loaders.profiles import installed_handle
+
+    perf, jobs = _philly(60)
+    stack = make_policy("castor+lazer", installed_handle(1, True, False, perf))
+    placement = stack.placement
+    calls = {"release_try_start": 0, "release_place": 0}
+    try_start, place = placement.try_start, placement.place
+
+    def counted_try_start(view, cycle, job):
+        calls["release_try_start"] += cycle.trigger is Trigger.RELEASE
+        return try_start(view, cycle, job)
+
+    def counted_place(view, cycle):
+        calls["release_place"] += cycle.trigger is Trigger.RELEASE
+        return place(view, cycle)
+
+    placement.try_start, placement.place = counted_try_start, counted_place
+    r = simulate(jobs, stack, perf, ClusterSpec(2, 8, "v100", perf.gpu_memory_mb("v100")))
+    assert len(r.engine.state.jobs) == 60
+    assert calls["release_place"] > 0 and calls["release_try_start"] == 0

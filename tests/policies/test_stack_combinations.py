@@ -19,7 +19,7 @@ from meshsched.policies.registry import POLICIES, UnknownPolicy, make_policy, ne
 from meshsched.sim.loop import ClusterSpec, simulate
 from meshsched.sim.mixed_trace import with_plan_jobs
 from meshsched.sim.rubick_trace import WorkloadOptions
-from meshsched.state import JobState
+from meshsched.state import JobSpec, JobState
 
 LAYERS = ("placement", "preemption", "calibration")
 NAMES = {layer: [n for n, e in POLICIES.items() if e.layer == layer] for layer in LAYERS}
@@ -168,3 +168,17 @@ def test_a_calibrated_set_beside_a_plan_job_replays():
     jobs = with_plan_jobs(tr.jobs, perf, 0.4, "v100", 8, 16, seed=2)
     r = simulate(jobs, make_policy("castor+gimbal", installed_handle(1, True, False, perf)), perf, _cluster(perf))
     assert all(j.state is JobState.COMPLETED for j in r.engine.state.jobs.values())
+
+
+def test_a_plan_job_placed_beside_a_partner_keeps_the_micro_batch_that_fits_there():
+    """Fails before: Castor sized roberta's micro-batch (16 x 4) to fit beside a resnet50 on one V100, and the plan
+    layer then started it on dp1-ga1 (micro-batch 64): the simulator failed it as out of memory next to its
+    partner (two such jobs in the busy window under castor+lazer+gimbal+rubick)."""
+    perf = MixedPerfModel(load_perf_model(), PlanPerfModel(load_plan_catalog()))
+    cluster = ClusterSpec(1, 1, "v100", perf.gpu_memory_mb("v100"))
+    jobs = [JobSpec("r50", 1, "resnet50", 128, 20_000, 0.0), JobSpec("rob", 1, "roberta", 64, 2_700, 100.0)]
+    r = simulate(jobs, make_policy("castor+rubick", installed_handle(1, True, False, perf)), perf, cluster)
+    rob = r.engine.state.jobs["rob"]
+    assert {j.job_id: j.state for j in r.engine.state.jobs.values()} == {"r50": JobState.COMPLETED,
+                                                                           "rob": JobState.COMPLETED}
+    assert rob.exec is not None and rob.exec.plan is not None and rob.exec.micro_batch * rob.exec.accumulation == 64
