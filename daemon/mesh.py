@@ -56,6 +56,7 @@ from meshsched.daemon.eventlog import (
     split_snapshot,
     with_model,
 )
+from meshsched.daemon.mesh_batch import take_batch
 from meshsched.daemon.mesh_node import MeshReplica
 
 from meshsched import events as ev
@@ -63,26 +64,6 @@ from meshsched.state import Node
 
 LOG = logging.getLogger("meshd.mesh")
 LEADER_ONLY = (ev.NodeLost, ev.Tick)  # the leader's proposals: kept in memory only (see `propose`)
-BATCH_ENTRIES = 64  # log entries per transaction: etcd's --max-txn-ops (128 by default) counts a put and a delete
-BATCH_BYTES = 256 * 1024  # proposal bytes per transaction: far under etcd's --max-request-bytes (1.5 MiB) in base64
-
-
-async def _take(queue: asyncio.Queue) -> tuple[list[tuple[str, str]], BaseException | None]:
-    """The next batch (waits for one proposal, then takes what is queued, each key once, up to BATCH_ENTRIES and
-    BATCH_BYTES) and the error that ended the feeder, if it is next."""
-    batch: list[tuple[str, str]] = []
-    keys, size = set(), 0
-    item = await queue.get()
-    while True:
-        if isinstance(item, BaseException):
-            return batch, item
-        if item[0] not in keys:  # the same key put twice (a retried put): one proposal
-            keys.add(item[0])
-            batch.append(item)
-            size += len(item[1])
-        if len(batch) >= BATCH_ENTRIES or size >= BATCH_BYTES or queue.empty():
-            return batch, None
-        item = queue.get_nowait()
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +89,7 @@ class MeshLink:
         self.node = ctx.node
         self.node_grace = node_grace
         self.position = 0  # the engine has applied the log up to here
+        self.head = 0  # the newest log entry a listing or the watch showed (inf: unknown, since a fence)
         self.durable = ctx.applied  # actions carried out up to here (journaled)
         self.synced = False  # the log has been replayed since this meshd started
         self.term: int | None = None
@@ -210,6 +192,7 @@ class MeshLink:
         if self.position == 0:
             await self._load_snapshot()
         keys = sorted((k for k in listing.items if index_of(k) > self.position), key=index_of)
+        self.head = max(map(index_of, listing.items), default=self.position)
         if keys and index_of(keys[0]) > self.position + 1:
             LOG.error("mesh: the log starts at entry %d, past this node's position %d (compacted while this node "
                       "lagged): restart meshd to load the newest snapshot", index_of(keys[0]), self.position)
@@ -241,6 +224,7 @@ class MeshLink:
                     revision = change.revision
                     if change.kind is ChangeKind.PUT:
                         index = index_of(change.key)
+                        self.head = max(self.head, index)
                         if index > self.position + 1:  # a gap: fill it from a listing
                             revision = await self._retry(self._catch_up)
                             break
@@ -258,9 +242,26 @@ class MeshLink:
             return
         self._since_snapshot[0] += 1  # every entry the log holds counts (a second copy, an unreadable one too):
         self._since_snapshot[1] += len(text)  # each takes a key and a joining node's replay
+        self._hold(index)
         self._apply_one(index, text)
+        self._hold(index, after=True)
         if self.term is not None and self._snapshot_due():
             self._take_snapshot(self.term)
+
+    def _hold(self, index: int, after: bool = False) -> None:
+        """Launches here wait while this node is fenced or behind the log's head: entries past `index` may move the
+        job (requeued once this node was declared lost, started elsewhere). After the head entry, the held ones the
+        engine still places here start (`MeshReplica.release_held`); at the head nothing waits."""
+        release = getattr(self.replica, "release_held", None)  # (a benchmark's double runs no processes)
+        if release is not None:
+            self.replica.holding = behind = self.fenced_at is not None or index < self.head
+            if after and not behind:
+                release()
+
+    async def _relist(self) -> None:
+        """After a fence: the log's head from a listing; what was held starts once this node has applied it."""
+        await self._retry(self._catch_up)
+        self._hold(self.position, after=True)
 
     def _apply_one(self, index: int, text: str) -> None:
         try:
@@ -431,7 +432,7 @@ class MeshLink:
                 quiet = time.monotonic() - self._alive_at
             if quiet > limit:
                 if self.fenced_at is None:
-                    self.fenced_at, self.fences = time.time(), self.fences + 1
+                    self.fenced_at, self.fences, self.head = time.time(), self.fences + 1, float("inf")
                     LOG.error("mesh: etcd has not seen this node for %.1f s: fencing (stopping its jobs; the leader "
                               "may declare it lost in %.0f s)", quiet, self.node_grace - quiet)
                 fence(self.node_grace - quiet)  # again each round: a launch that came late stops too
@@ -440,6 +441,7 @@ class MeshLink:
                             time.time() - self.fenced_at)
                 self.fenced_at = None
                 unfence()
+                self._spawn(self._relist())
 
     # ---------------------------------------------------------------- leadership
 
@@ -503,7 +505,7 @@ class MeshLink:
         feeder = self._spawn(self._feed(queue, props.revision))
         try:
             while True:
-                batch, error = await _take(queue)
+                batch, error = await take_batch(queue)
                 if batch:
                     following = await self._append(term, following, batch)
                 if isinstance(error, WatchCompacted):

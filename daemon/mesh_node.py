@@ -29,7 +29,7 @@ from meshsched.daemon.runs import LocalRuns
 
 from meshsched import events as ev
 from meshsched import snapshot
-from meshsched.actions import Preempt, ScheduleTimer
+from meshsched.actions import Kill, Launch, Preempt, Reconfigure, ScheduleTimer, SignalJob
 from meshsched.engine import Engine
 from meshsched.state import JobState, NodeSpec
 
@@ -63,6 +63,8 @@ class MeshReplica:
         self.behind: dict[str, int] | None = None  # (loaded a snapshot past this node's journal) see _reconcile
         self.fenced: dict[str, float] = {}  # job -> when fencing stopped its ranks here (UNIX time); see fence
         self._live = False  # the log has been replayed since this meshd started (a NodeLost of it rejoins)
+        self.holding = False  # (daemon.mesh sets it) this node is fenced or behind the log's head: launches wait
+        self.held: dict[str, list] = {}  # job -> its held Launch and the actions on it since: (carry, action)s
 
     def recover_local_runs(self) -> None:
         """Before the log is replayed: every job record this node kept, and its supervisors re-adopted; the exits
@@ -226,6 +228,40 @@ class MeshReplica:
             if job is not None and job.state.holds_gpus and job.restarts == run and c.runs.launched.get(job_id) != run:
                 c.loop.input(ev.JobFailed(c.loop.sid("behind"), job_id, "meshd restarted behind the mesh's snapshot: "
                                           "this run's launch here was never carried out", requeue=True), run)
+
+    # ---------------------------------------------------------------- launches held behind the log's head
+
+    def gate(self, handlers: dict[type, Callable]) -> None:
+        """Route the actions on a job's processes through the hold (`handlers` is the engine loop's table)."""
+        for kind in (Launch, Preempt, Kill, Reconfigure, SignalJob):
+            handlers[kind] = self._gated(handlers[kind])
+
+    def _gated(self, carry: Callable) -> Callable:
+        def run(action) -> None:
+            if isinstance(action, Launch) and (self.holding or action.job_id in self.held):
+                self.held[action.job_id] = [(carry, action)]  # a later Launch supersedes the held one
+            elif action.job_id in self.held:  # after the held launch, in log order
+                self.held[action.job_id].append((carry, action))
+            else:
+                carry(action)
+        return run
+
+    def release_held(self) -> None:
+        """At the log's head again (caught up after a partition, or at start): of the launches held behind it, carry
+        out only those of jobs the engine STILL places here as that run on those GPUs and not running here yet, with
+        the actions on them since (a preemption, a reconfiguration), in log order. The others were superseded by
+        later entries (requeued once this node was declared lost, started elsewhere, cancelled) and are dropped."""
+        c = self.ctx
+        held, self.held = self.held, {}
+        for job_id, actions in held.items():
+            launch, job = actions[0][1], c.engine.state.jobs.get(job_id)  # (the engine counts the run at its Launch)
+            if (job is None or not job.state.holds_gpus or job.restarts != launch.restart + 1
+                    or tuple(job.gpus) != tuple(launch.gpus) or c.launcher.running(job_id)):
+                LOG.info("job %s: its launch here, held while this node caught up with the log, was superseded: "
+                         "not started", job_id)
+                continue
+            for carry, action in actions:
+                carry(action)
 
     def stop_released(self, job_ids: list[str]) -> None:
         """Ranks still running here of a job the engine no longer places here (a multi-node job whose rank 0

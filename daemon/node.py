@@ -206,6 +206,7 @@ class NodeDaemon:
         self.replica = MeshReplica(ReplicaContext(
             cfg, engine, self.journal, self.launcher, self.records, self.loop, self.runs,
             lambda rec: self.submission.post(rec), self.node_spec, self._notifier.send, self._fresh_engine))
+        self.replica.gate(self._handlers)  # launches wait while this node is behind the log's head (the loop's table)
         link = LinkContext(cfg.node_name, cfg.mesh_address or cfg.node_name,
                            tuple(g.name for g in self.gpus.inventory()), self.journal.applied(),
                            lambda: engine.state.nodes, addresses)
