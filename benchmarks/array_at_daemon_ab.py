@@ -21,31 +21,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from meshsched.cli.client import Client, DaemonUnavailable
+from meshsched.cli.client import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cli_speed
-
-
-def start(tmp: Path, env: dict[str, str]) -> tuple[subprocess.Popen, Client]:
-    argv = [sys.executable, "-m", "meshsched.daemon.main", "--state-dir", str(tmp / "state"), "--runtime-dir",
-            str(tmp / "run"), "--fake-gpus", "4", "--kill-grace", "1"]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=open(tmp / "meshd.log", "wb"),  # noqa: SIM115
-                            env=env, cwd="/")
-    client = Client(tmp / "run" / "api.sock")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            client.call("GET", "/v1/health")
-            return proc, client
-        except DaemonUnavailable:
-            if proc.poll() is not None:
-                raise SystemExit(f"meshd exited: {(tmp / 'meshd.log').read_text()[-2000:]}") from None
-            time.sleep(0.05)
-    raise SystemExit("meshd did not start within 60 s")
 
 
 def main() -> None:
@@ -64,7 +45,7 @@ def main() -> None:
         try:
             for k, env in trees.items():
                 (Path(name) / k).mkdir()
-                served[k] = start(Path(name) / k, env)
+                served[k] = cli_speed.start_meshd(Path(name) / k, 4, env)
                 cli_speed.fill(served[k][1], args.jobs, 4, name)
             script = Path(name, "trivial.py")
             script.write_text("pass\n")

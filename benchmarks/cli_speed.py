@@ -50,10 +50,13 @@ from pathlib import Path
 from meshsched.cli.client import Client, DaemonUnavailable
 
 
-def start_meshd(tmp: Path, gpus: int) -> tuple[subprocess.Popen, Client]:
+def start_meshd(tmp: Path, gpus: int, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Client]:
+    """A meshd on `gpus` fake GPUs with its state under `tmp` (`env`: its environment, e.g. a PYTHONPATH that
+    imports another checkout), once it answers /v1/health."""
     argv = [sys.executable, "-m", "meshsched.daemon.main", "--state-dir", str(tmp / "state"),
             "--runtime-dir", str(tmp / "run"), "--fake-gpus", str(gpus), "--kill-grace", "1"]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=open(tmp / "meshd.log", "wb"))
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=open(tmp / "meshd.log", "wb"),  # noqa: SIM115
+                            env=env, cwd="/")
     client = Client(tmp / "run" / "api.sock")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -15,6 +15,7 @@ from meshsched.policies.castor import Castor
 from meshsched.policies.occupancy import Occupancy
 from meshsched.policies.registry import make_policy, stack_of
 from meshsched.state import ClusterState, JobSpec, NodeSpec
+from tests.support.occupancy import snapshot as _snapshot
 
 PERF = load_perf_model()
 
@@ -24,20 +25,13 @@ class FixedXi:
         return (1.1, 1.1)
 
 
-def _snapshot(occ, now):
-    """What a pass reads, keyed by job id (rows are an implementation detail)."""
-    state = occ.state
-    jobs = {}
-    ia = occ.remaining_iters(now)
-    for job in state.jobs.values():
-        r = occ.row(job.job_id)
-        if r is not None:
-            jobs[job.job_id] = (occ.left[r], occ.since[r], occ.rate[r], occ.solo[r], bool(occ.pausing[r]),
-                                occ.groups[occ.gid[r]], ia[r])
-    holders = [sorted(occ.jobs[r].job_id for r in occ.holders[g.index] if r >= 0) for g in state.gpus]
-    hosts = [(h.job.job_id, h.gpus, h.nodes, occ.groups[gid], occ.type_names[c], n)
-             for h, gid, c, n in zip(occ.hosts, occ.host_group, occ.host_code, occ.host_gpus)]
-    return jobs, holders, hosts, occ.free_times(now).tolist(), occ.solo_of.tolist(), occ.gpu_node.tolist()
+def _count_builds(monkeypatch, occ) -> list[int]:
+    """A list that gets a 1 for each full build of `occ`'s arrays (the policy's own, not a fresh copy's)."""
+    builds: list[int] = []
+    real = Occupancy._build
+    monkeypatch.setattr(Occupancy, "_build", lambda self, holding: builds.extend([1] if self is occ else []) or
+                        real(self, holding))
+    return builds
 
 
 def _fresh(castor, eng):
@@ -53,10 +47,7 @@ def test_an_unnamed_change_rereads_only_the_holders_that_moved(monkeypatch):
         eng.handle(ev.JobStarted(f"st{i}", f"j{i}"), 1.0)
     castor = eng.policy.placement
     occ = castor._occupancy(eng.view(), eng.state)
-    builds = []
-    real = Occupancy._build
-    monkeypatch.setattr(Occupancy, "_build", lambda self, holding: builds.extend([1] if self is occ else []) or
-                        real(self, holding))  # (counts the policy's arrays' builds only)
+    builds = _count_builds(monkeypatch, occ)
 
     eng.handle(ev.Tick("tick", 7), 10.0)  # no job id: the log cannot name what moved
     assert eng.state.changed_since(occ.version) is None
@@ -109,10 +100,7 @@ def test_many_named_changes_are_applied_one_by_one_up_to_half_the_holders(monkey
         eng.handle(ev.JobStarted(f"st{i}", f"j{i}"), 1.0)
     castor = eng.policy.placement
     occ = castor._occupancy(eng.view(), eng.state)
-    builds = []
-    real = Occupancy._build
-    monkeypatch.setattr(Occupancy, "_build", lambda self, holding: builds.extend([1] if self is occ else []) or
-                        real(self, holding))
+    builds = _count_builds(monkeypatch, occ)
     for count, rebuilt in ((300, []), (330, [1])):
         for i in range(count):
             job = eng.state.jobs[f"j{i}"]

@@ -13,6 +13,7 @@ from meshsched.policies.castor import Castor
 from meshsched.policies.occupancy import Occupancy
 from meshsched.policies.registry import stack_of
 from meshsched.state import ClusterState, JobSpec, NodeSpec
+from tests.support.occupancy import snapshot as _snapshot
 
 PERF = load_perf_model()
 
@@ -68,23 +69,6 @@ def test_snapshot_is_rebuilt_after_any_event_but_a_submit():
     eng.handle(ev.JobStarted("st", "a"), 2.0)  # progress is now extrapolated: stale
     assert not occ.current(eng.state)
     assert not _occ(eng).current(ClusterState())  # never describes another state
-
-
-def _snapshot(occ, now):
-    """What a pass reads, keyed by job id (rows are an implementation detail)."""
-    state = occ.state
-    jobs = {}
-    ia = occ.remaining_iters(now)
-    for job in state.jobs.values():
-        r = occ.row(job.job_id)
-        if r is not None:
-            jobs[job.job_id] = (occ.left[r], occ.since[r], occ.rate[r], occ.solo[r], bool(occ.pausing[r]),
-                                occ.groups[occ.gid[r]], ia[r])
-    holders = [sorted(occ.jobs[r].job_id for r in occ.holders[g.index] if r >= 0) for g in state.gpus]
-    hosts = [(h.job.job_id, h.gpus, h.nodes, occ.groups[gid], occ.type_names[c], n)
-             for h, gid, c, n in zip(occ.hosts, occ.host_group, occ.host_code, occ.host_gpus)]
-    assert [occ.jobs[r].job_id for r in occ.host_rows] == [h[0] for h in hosts]
-    return jobs, holders, hosts, occ.free_times(now).tolist(), occ.solo_of.tolist(), occ.gpu_node.tolist()
 
 
 def test_refreshed_snapshot_equals_a_fresh_build_after_every_event():
