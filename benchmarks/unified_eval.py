@@ -8,7 +8,8 @@ Settings (the same runs as `mesh simulate`, seed 1, V100):
   full-x1      the full Philly trace at 1x on 64 x 8 GPUs
   full-x1.5    the full Philly trace at 1.5x on 64 x 8 GPUs
   FILE[:FORMAT] a trace file in any `--trace-format` (the public adapters: alibaba-v2020, alibaba-v2023,
-               helios, pollux, sia; auto from its header when FORMAT is left out) on --file-nodes x 8 GPUs
+               helios, pollux, sia; auto from its header when FORMAT is left out) on --file-nodes x 8 GPUs,
+               cut to --file-window START:END (hours) and scaled by --file-load when given
 
 Every (setting, policy) is one `mesh simulate --policy P --json` process (`--workers` at a time), all with the
 same `--plan-jobs` (0 by default: every policy replays the same jobs; the default of `mesh simulate` would mix
@@ -40,13 +41,15 @@ TIE = 1e-9  # relative: mean JCTs this close are one figure (float noise), a tie
 MESH = "import sys; from meshsched.cli.main import main; sys.argv[0] = 'mesh'; sys.exit(main())"
 
 
-def setting_args(name: str, file_nodes: int, jobs: int | None) -> list[str]:
+def setting_args(name: str, file_nodes: int, jobs: int | None, file_window: str | None = None,
+                 file_load: float = 1.0) -> list[str]:
     """The `mesh simulate` options of a setting: a builtin one's, or `file:PATH[:FORMAT]`'s."""
     if name in SETTINGS:
         args, cap = SETTINGS[name]
     else:
         path, _, fmt = name.removeprefix("file:").partition(":")
         args, cap = ["--trace", path, "--trace-format", fmt or "auto", "--nodes", str(file_nodes)], None
+        args += (["--window", file_window] if file_window else []) + (["--load", f"{file_load:g}"] if file_load != 1.0 else [])
     n = min(x for x in (cap, jobs) if x is not None) if (cap or jobs) else None
     return args + (["--jobs", str(n)] if n else [])
 
@@ -142,6 +145,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--trace", action="append", default=[], metavar="FILE[:FORMAT]",
                     help="a trace file in a --trace-format of `mesh simulate` (repeatable)")
     ap.add_argument("--file-nodes", type=int, default=8, help="8-GPU nodes for the --trace files (default 8)")
+    ap.add_argument("--file-window", default=None, metavar="START:END",
+                    help="--window (hours since the file's first arrival) for the --trace files (default: all)")
+    ap.add_argument("--file-load", type=float, default=1.0, help="--load for the --trace files (default 1)")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--unified", default=UNIFIED, help=f"the stack the verdict is about (default {UNIFIED})")
     ap.add_argument("--workers", type=int, default=2, help="policies replayed at once (one process each)")
@@ -166,7 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = [s for s in a.settings.split(",") if s] + [f"file:{t}" for t in a.trace]
     policies = [p.strip() for p in a.policies.split(",") if p.strip()]
     common = ["--plan-jobs", f"{a.plan_jobs:g}", "--seed", str(a.seed)]
-    tasks = [(s, p, setting_args(s, a.file_nodes, a.jobs) + common) for s in settings for p in policies]
+    def sargs(s: str) -> list[str]:
+        return setting_args(s, a.file_nodes, a.jobs, a.file_window, a.file_load) + common
+
+    tasks = [(s, p, sargs(s)) for s in settings for p in policies]
     results: dict[tuple[str, str], dict] = {}
     with ThreadPoolExecutor(a.workers) as ex:  # each task is its own `mesh simulate` process
         for i, doc in enumerate(ex.map(run_one, tasks), 1):
@@ -177,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     report = []
     for s in settings:
         docs = [results[s, p] for p in policies]
-        report.append({"setting": s, "args": setting_args(s, a.file_nodes, a.jobs) + common, "runs": docs,
+        report.append({"setting": s, "args": sargs(s), "runs": docs,
                        "verdict": verdict(docs, a.unified)})
     if a.json:
         print(json.dumps({"policies": policies, "unified": a.unified, "tree": tree(), "settings": report}, indent=1))

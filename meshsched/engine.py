@@ -25,6 +25,7 @@ from meshsched.faults import FaultDomains, FaultHooks
 from meshsched.jobcontrol import TIME_LIMIT, JobControl, QueueHooks, controlled
 from meshsched.policies import base as pb
 from meshsched.policies.base import ClusterView, Defer, Evict, Remember, RequestFit, Start, Trigger, Wait
+from meshsched.greedy import cannot_start, is_greedy, never_times, stock_pass
 from meshsched.policies.queue import QueueScheduler
 from meshsched.policies.stack import PolicyStack
 from meshsched.state import ClusterState, ExecConfig, Job, JobSpec, JobState
@@ -33,6 +34,7 @@ from meshsched.waitqueue import WaitQueue
 
 
 _BATCHED = {ev.JobSubmitted, ev.CancelRequested}  # the events `Engine.handle_many` gives one pass together
+_QUEUE_KEPT = frozenset({ev.JobStarted, ev.IterationReport, ev.RankReport})  # no job joins the queue, no GPU frees
 _SPEC_REST = operator.attrgetter(*(f.name for f in fields(JobSpec) if f.name != "job_id"))  # a spec but its id
 
 
@@ -43,6 +45,9 @@ class LogEntry(NamedTuple):
     stimulus_id: str
     job_id: str
     message: str
+
+
+_entry = tuple.__new__  # LogEntry(...) without its Python-level __new__ (two or three per event)
 
 
 class Engine(RecoveryHandlers):
@@ -66,6 +71,10 @@ class Engine(RecoveryHandlers):
         self.model: object | None = None  # the latest model a RequestFit produced (ModelFitted); derived, not durable
         self._changed: dict[str, None] = {}  # jobs changed since the last `take_changed`, in order
         self._view: ClusterView | None = None  # `view()`, kept while memory and model stand (`arrived` set per call)
+        # a greedy stack's last pass left no queued job that could start; since then only arrivals and events that
+        # move no job in or out of the queue or the GPUs (`_starts_nothing`). The stack `_greedy` last judged, its
+        # verdict, and the stack when it never wants a timer:
+        self._settled, self._greedy_of, self._greedy_is, self._no_timer = False, None, False, None
         # job control (Slurm's hold, dependencies, arrays, begin times, time limits) beside the cycle
         self.control = JobControl(self.state, QueueHooks(self._enqueue, self._dequeue, self._begin_pause, self._log,
                                                          self._ignore, self._mark))
@@ -73,27 +82,16 @@ class Engine(RecoveryHandlers):
         self.faults = FaultDomains(self.state, FaultHooks(self._release, self._requeue_from_checkpoint,  # GPU faults
                                                           self._on_failed, self._log))
         self._handlers: dict[type, Callable[[ev.Event, float, list[Action]], Trigger | None]] = {
-            ev.JobSubmitted: self._on_submitted,
-            ev.JobStarted: self._on_started,
-            ev.IterationReport: self._on_report,
-            ev.JobPaused: self._on_paused,
-            ev.JobFinished: self._on_finished,
-            ev.JobFailed: self._on_failed,
-            ev.CancelRequested: self._on_cancel,
-            ev.NodeJoined: self._on_node_joined,
-            ev.NodeLost: self._on_node_lost,
-            ev.Tick: self._on_tick,
-            ev.JobRestored: self._on_restored,
-            ev.JobAdopted: self._on_adopted,
-            ev.CheckpointSaved: self._on_checkpoint,
-            ev.RecoveryDone: self._on_recovery_done,
-            ev.ReconfigureApplied: self._on_reconfigured,
-            ev.RankReport: self._on_rank_report,
-            ev.TotalDeclared: self._on_total_declared,
-            ev.ModelFitted: self._on_model_fitted,
-            ev.HoldRequested: self.control.on_hold,
-            ev.ReleaseRequested: self.control.on_release,
-            ev.RequeueRequested: self.control.on_requeue,
+            ev.JobSubmitted: self._on_submitted, ev.JobStarted: self._on_started,
+            ev.IterationReport: self._on_report, ev.JobPaused: self._on_paused,
+            ev.JobFinished: self._on_finished, ev.JobFailed: self._on_failed,
+            ev.CancelRequested: self._on_cancel, ev.NodeJoined: self._on_node_joined,
+            ev.NodeLost: self._on_node_lost, ev.Tick: self._on_tick, ev.JobRestored: self._on_restored,
+            ev.JobAdopted: self._on_adopted, ev.CheckpointSaved: self._on_checkpoint,
+            ev.RecoveryDone: self._on_recovery_done, ev.ReconfigureApplied: self._on_reconfigured,
+            ev.RankReport: self._on_rank_report, ev.TotalDeclared: self._on_total_declared,
+            ev.ModelFitted: self._on_model_fitted, ev.HoldRequested: self.control.on_hold,
+            ev.ReleaseRequested: self.control.on_release, ev.RequeueRequested: self.control.on_requeue,
             ev.GpuFault: self.faults.on_fault,  # a shared GPU is one fault domain (meshsched.faults)
             ev.DrainChanged: self.drains.on_changed,
             ev.JobsForgotten: self.control.on_forget,  # retention (meshd's keep_finished)
@@ -103,22 +101,29 @@ class Engine(RecoveryHandlers):
 
     def handle(self, event: ev.Event, now: float) -> list[Action]:
         actions: list[Action] = []
-        if type(event) is not ev.JobSubmitted:
+        kind = type(event)
+        submitted = kind is ev.JobSubmitted
+        if not submitted:
             # the event's job may have moved or reported progress (None: anything may have changed)
             job_id = getattr(event, "job_id", None)
             self.state.touch(job_id)
             if job_id in self.state.jobs:
                 self._mark(job_id)
+            if kind not in _QUEUE_KEPT:
+                self._settled = False  # the queue or the free GPUs may change without a pass (`_starts_nothing`)
+        settled = self._settled
         control = self.control
-        trigger = self._handlers[type(event)](event, now, actions)
-        if control.ended and control.settle(now, event.stimulus_id) and trigger is None:
-            trigger = Trigger.RELEASE  # jobs whose dependencies were met joined the queue
-        if trigger is not None:
-            job_id = event.spec.job_id if type(event) is ev.JobSubmitted else None
-            self._schedule(trigger, now, event.stimulus_id, actions, job_id)
+        trigger = self._handlers[kind](event, now, actions)
+        if control.ended and control.settle(now, event.stimulus_id):
+            settled = False
+            if trigger is None:
+                trigger = Trigger.RELEASE  # jobs whose dependencies were met joined the queue
+        if trigger is not None and not (submitted and settled and self._starts_nothing(event.spec)):
+            self._schedule(trigger, now, event.stimulus_id, actions, event.spec.job_id if submitted else None)
         if self._recalibrate:
             self._calibrate_sharers(now, event.stimulus_id, actions)
-        timer = self.timers.arm(self.policy.next_timer(self.view(), now), control.next_due(), now, trigger is not None)
+        timer = self.timers.arm(None if self._no_timer is self.policy else self.policy.next_timer(self.view(), now),
+                                control.next_due(), now, trigger is not None)
         if timer is not None:
             actions.append(timer)
         return actions
@@ -134,6 +139,7 @@ class Engine(RecoveryHandlers):
             return [a for e in events for a in self.handle(e, now)]
         actions: list[Action] = []
         control, trigger, arrived = self.control, None, None
+        self._settled = False  # (a batch's pass settles it again)
         for event in events:
             if type(event) is ev.JobSubmitted:
                 arrived = event.spec.job_id
@@ -150,7 +156,8 @@ class Engine(RecoveryHandlers):
             self._schedule(trigger, now, events[-1].stimulus_id, actions, arrived)
         if self._recalibrate:
             self._calibrate_sharers(now, events[-1].stimulus_id, actions)
-        timer = self.timers.arm(self.policy.next_timer(self.view(), now), control.next_due(), now, trigger is not None)
+        timer = self.timers.arm(None if self._no_timer is self.policy else self.policy.next_timer(self.view(), now),
+                                control.next_due(), now, trigger is not None)
         if timer is not None:
             actions.append(timer)
         return actions
@@ -168,6 +175,20 @@ class Engine(RecoveryHandlers):
         alike = _SPEC_REST(events[0].spec)
         held = events[0].held
         return all(_SPEC_REST(e.spec) == alike and e.held == held for e in events)
+
+    def _greedy(self) -> bool:
+        """Whether the stack is greedy (meshsched.greedy), judged once per stack object (tests swap `policy`)."""
+        p = self.policy
+        if p is not self._greedy_of:
+            self._greedy_of, self._greedy_is = p, is_greedy(p)
+            self._no_timer = p if never_times(p) else None
+        return self._greedy_is
+
+    def _starts_nothing(self, spec: JobSpec) -> bool:
+        """Whether the pass after `spec`'s arrival, the queue settled before it, would decide nothing
+        (meshsched.greedy); never with drained GPUs (a start they refuse is logged at every pass)."""
+        return self._greedy() and not self.state.drained and spec.job_id in self.waiting.keys and \
+            stock_pass(self.policy) and cannot_start(self.state, spec.gpus)
 
     def take_changed(self) -> list[str]:
         """The ids of every job the engine changed (state, reason, placement, exec config, held, progress) since
@@ -188,7 +209,7 @@ class Engine(RecoveryHandlers):
             return v
         w = self.waiting
         self._view = ClusterView(self.state, w.entries, self._active, w.sizes, arrived, self.memory, self.model,
-                                 w.needs, w.keys)
+                                 w.needs, w.keys, w.by_need)
         return self._view
 
     def queued(self) -> Iterator[Job]:
@@ -427,9 +448,9 @@ class Engine(RecoveryHandlers):
             if blocked and d.job_id in blocked:  # a policy that found it by its state (a Lazer deferral)
                 self._log(now, stimulus, job, f"ignored {kind.__name__}: {blocked[d.job_id]}")
                 continue
-            if isinstance(d, Start) and self.drains.refuses(d.gpus, job, now, stimulus):
-                continue
             if isinstance(d, Start):
+                if self.state.drained and self.drains.refuses(d.gpus, job, now, stimulus):
+                    continue
                 if not job.state.is_queued:
                     raise ValueError(f"policy started {job.job_id} which is {job.state.value}")
                 self._dequeue(job)
@@ -474,6 +495,7 @@ class Engine(RecoveryHandlers):
                 self._reconfigure(d, now, stimulus, actions)
             else:
                 raise TypeError(f"policy returned {d!r}, which is no decision")
+        self._settled = self._greedy() and not self.state.drained  # (a full pass: `_starts_nothing`)
 
     # ---------------------------------------------------------------- helpers
 
@@ -505,7 +527,10 @@ class Engine(RecoveryHandlers):
         gpus, jobs, me = self.state.gpus, self.state.jobs, job.job_id
         seen: set[str] = set()
         for g in job.gpus:
-            for other in gpus[g].jobs:
+            on = gpus[g].jobs
+            if len(on) < 2:
+                continue  # (only `job` there: most jobs hold their GPUs alone)
+            for other in on:
                 if other == me or other in seen:
                     continue
                 seen.add(other)
@@ -562,15 +587,13 @@ class Engine(RecoveryHandlers):
     def _ignore(self, now: float, e: ev.Event, job: Job | None) -> None:
         state = job.state.value if job else "unknown"
         self._log(now, e.stimulus_id, job, f"ignored {type(e).__name__} (job is {state})")
-        return None
 
     def _log(self, now: float, stimulus: str, job: Job | None, message: str) -> None:
         """Record a decision or change; a job logged about is a job changed (`take_changed`)."""
-        if job is None:
-            self.log.append(LogEntry(now, stimulus, "", message))
-            return
-        self._changed[job.job_id] = None
-        self.log.append(LogEntry(now, stimulus, job.job_id, message))
+        job_id = "" if job is None else job.spec.job_id
+        if job is not None:
+            self._changed[job_id] = None
+        self.log.append(_entry(LogEntry, (now, stimulus, job_id, message)))
 
     def _mark(self, job_id: str) -> None:
         """Note a change made without a log line (`take_changed`)."""

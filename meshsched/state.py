@@ -26,6 +26,10 @@ class JobState(enum.Enum):
     CANCELLED = "CANCELLED"
     TIMEOUT = "TIMEOUT"  # stopped when its time limit ran out (Slurm's word)
 
+    # members are singletons: hashed by identity in C (Enum's own hashes the name in Python, and the engine asks
+    # `_ALLOWED`, `is_queued`, ... several times per event)
+    __hash__ = object.__hash__
+
     @property
     def is_terminal(self) -> bool:
         return self in _TERMINAL
@@ -427,23 +431,31 @@ class ClusterState:
     gpu_types: tuple[str, ...] = ()  # GPU types of the live nodes (kept by add_node / mark_lost)
     changes: deque = field(default_factory=lambda: deque(maxlen=CHANGE_LOG), repr=False, compare=False)
     drained: set = field(default_factory=set)  # GPUs out of service (meshsched.drain): never free for a new job
-    # (version, free_by_node, its nodes with a free GPU): `free_nodes` between changes (every change touches)
+    # (_free_version, free_by_node, (its nodes with a free GPU, their free GPUs)): `free_summary` between changes
     _free_memo: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _free_version: int = field(default=0, init=False, repr=False, compare=False)  # bumped where free_by_node moves
 
     def free_nodes(self) -> dict[str, int]:
-        """`free_by_node` without the nodes that have no free GPU, in its order; shared until the next `touch`:
+        """`free_by_node` without the nodes that have no free GPU, in its order; shared until free GPUs change:
         read it, copy it to change it."""
+        return self.free_summary()[0]
+
+    def free_summary(self) -> tuple[dict[str, int], int]:
+        """(`free_nodes()`, the free GPUs in all), counted again only after `free_by_node` moved (this class
+        bumps `_free_version` wherever it changes it; whoever replaces the dict starts afresh)."""
         memo, fbn = self._free_memo, self.free_by_node
-        if memo is not None and memo[0] == self.version and memo[1] is fbn:
+        if memo is not None and memo[0] == self._free_version and memo[1] is fbn:
             return memo[2]
         out = {n: c for n, c in fbn.items() if c > 0}
-        self._free_memo = (self.version, fbn, out)
-        return out
+        got = out, sum(out.values())
+        self._free_memo = (self._free_version, fbn, got)
+        return got
 
     def set_drained(self, gpus: set[int], drained: bool) -> None:
         """Take GPUs out of service or give them back: a drained GPU never counts as free (every placement layer
         reads `free_by_node`), and its node lists it after its other GPUs (so a free one is picked first)."""
         self.drained = self.drained | gpus if drained else self.drained - gpus
+        self._free_version += 1
         for name in {self.gpus[g].node for g in gpus}:
             node = self.nodes[name]
             node.gpus.sort(key=lambda g: (g in self.drained, g))
@@ -473,6 +485,7 @@ class ClusterState:
         return out if want == version else None
 
     def add_node(self, spec: NodeSpec) -> Node:
+        self._free_version += 1
         if spec.name in self.nodes:
             node = self.nodes[spec.name]
             if node.alive:
@@ -496,6 +509,7 @@ class ClusterState:
     def mark_lost(self, name: str) -> None:
         """The node is gone: its GPUs count for nothing (jobs on it must already be released)."""
         self.nodes[name].alive = False
+        self._free_version += 1
         self.free_by_node[name] = 0
         self._resize()
         self.touch()
@@ -512,6 +526,7 @@ class ClusterState:
 
     def assign(self, job_id: str, gpus: tuple[int, ...]) -> None:
         self.touch(job_id)
+        self._free_version += 1
         for g in gpus:
             gpu = self.gpus[g]
             if len(gpu.jobs) >= MAX_JOBS_PER_GPU:
@@ -522,6 +537,7 @@ class ClusterState:
 
     def release(self, job_id: str, gpus: tuple[int, ...]) -> None:
         self.touch(job_id)
+        self._free_version += 1
         for g in gpus:
             gpu = self.gpus[g]
             gpu.jobs.remove(job_id)

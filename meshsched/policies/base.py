@@ -105,7 +105,7 @@ class ClusterView:
     """
 
     __slots__ = ("_state", "_queue", "_active", "_queued_gpus", "arrived", "memory", "model", "_needs", "_qkey",
-                 "_pausing")
+                 "_pausing", "_by_need")
 
     def __init__(
         self,
@@ -118,6 +118,7 @@ class ClusterView:
         model: object | None = None,
         needs: list[int] | None = None,
         qkey: Mapping[str, tuple] | None = None,
+        by_need: Mapping[int, list[tuple[tuple, int, str]]] | None = None,
     ) -> None:
         self._state = state
         self._queue = queue
@@ -129,6 +130,7 @@ class ClusterView:
         self._needs = needs  # GPUs asked for, in queue order (kept by the engine)
         self._qkey = qkey  # job -> its (key, seq) in the queue
         self._pausing: tuple[int, dict[str, int]] | None = None  # (state version, pausing_by_node then)
+        self._by_need = by_need  # GPU count -> the queue's entries of that many, in queue order (kept by the engine)
 
     def queue(self) -> Iterator[Job]:
         """Queued jobs (PENDING or PREEMPTED), best first by the policy's queue key."""
@@ -142,6 +144,11 @@ class ClusterView:
             return zip(map(_third, self._queue), self._needs)
         jobs = self._state.jobs
         return ((jid, jobs[jid].spec.gpus) for _key, _seq, jid in self._queue)
+
+    def queue_by_need(self) -> Mapping[int, list[tuple[tuple, int, str]]] | None:
+        """GPU count -> the queued (key, seq, job id) asking for that many, best first; None where the engine does
+        not keep them. Read-only."""
+        return self._by_need
 
     def demand_ahead(self, job_id: str) -> int:
         """GPUs asked for by the queued jobs before `job_id` in queue order, counting only jobs that fit the
@@ -233,14 +240,23 @@ class Cycle:
     """Scratch for one scheduling pass (the Kubernetes scheduler's CycleState): when and why it runs, the
     pass's allocator, and a slot per policy for what it computes once per pass. Thrown away after the pass."""
 
-    __slots__ = ("now", "trigger", "arrived", "plan", "scratch")
+    __slots__ = ("now", "trigger", "arrived", "_plan", "_view", "scratch")
 
     def __init__(self, view: ClusterView, now: float, trigger: Trigger) -> None:
         self.now = now
         self.trigger = trigger
         self.arrived = view.arrived if trigger is Trigger.ARRIVAL else None
-        self.plan = view.planner()
+        self._view = view
+        self._plan: Planner | None = None
         self.scratch: dict[str, object] = {}
+
+    @property
+    def plan(self) -> Planner:
+        """The pass's allocator over the free GPUs, made when first asked (a pass over an empty queue never is)."""
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = self._view.planner()
+        return plan
 
 
 @runtime_checkable

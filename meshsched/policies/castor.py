@@ -114,7 +114,7 @@ class Castor(SharingScheduler):
                 idx = idx[code[idx] == code[idx[np.argmin(best[idx])]]]
             return self._no_fit(job, len(idx))
         per_gpu = max(1, job.spec.batch_size // need)
-        order = idx[np.lexsort((idx, best[idx]))]  # columns, best pair first (ties: lowest host first)
+        order = idx[np.argsort(best[idx], kind="stable")]  # columns, best pair first (ties: lowest host first)
         ta, ia, node_size, i_b = tab.ta, tab.ia, plan.node_size, blk.i_b[j]
         kt, kind = blk.kinds, blk.kind[j]
         subs, t_alone = kt.subs[kind], kt.t_alone[kind]
@@ -254,10 +254,14 @@ class Castor(SharingScheduler):
             t_b_alone = kt.tb[kid, 0, 0]
         else:
             t_b_alone = kt.tb[kid, 0][code][None, :]
-        best = np.full((n, len(code)), np.inf)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             sums = self._pair_sums(ta, ia, ha, hb, ta2, q, t_b, ib[:, :, None], masked)
-            best[:, cols] = (sums[:, 0, :] if sums.shape[1] == 1 else sums.min(axis=1)) / 2
+            low_sum = (sums[:, 0, :] if sums.shape[1] == 1 else sums.min(axis=1)) / 2
+            if len(cols) == len(code):  # every column alive and usable: no scatter
+                best = low_sum
+            else:
+                best = np.full((n, len(code)), np.inf)
+                best[:, cols] = low_sum
             wait = (tab.end_a + np.array(start_b)[:, None] + t_b_alone * ib) / 2
             feasible = np.isfinite(best)
             pays = feasible & (best < wait)
@@ -280,13 +284,20 @@ class Castor(SharingScheduler):
         np.multiply(ta, x, out=x)
         np.add(tb1, x, out=x)  # A's end when B finishes first
         np.add(x, tb1, out=x)
-        y = i_b - q
-        np.multiply(t_b, y, out=y)
-        np.add(ta2, y, out=y)  # B's end when A finishes first
-        np.add(ta2, y, out=y)
-        np.copyto(y, x, where=first_b)
-        np.copyto(y, np.inf, where=masked)
-        return y
+        # B's end when A finishes first, only where it does (usually a few %): the same operations per element
+        k = np.flatnonzero(~first_b)
+        if len(k):
+            rc, cols = ta2.size, ta2.shape[-1]
+            at = k % rc  # (sub-batch, host) of each element; `ta2`, `q` are (sub-batches, hosts), `t_b` the
+            tb = t_b.ravel()[at // cols if t_b.shape[-1] == 1 else at]  # same or one column; `i_b` (jobs, 1, 1)
+            a2 = ta2.ravel()[at]
+            y = i_b.ravel()[k // rc] - q.ravel()[at]
+            np.multiply(tb, y, out=y)
+            np.add(a2, y, out=y)
+            np.add(a2, y, out=y)
+            x.ravel()[k] = y
+        np.copyto(x, np.inf, where=masked)
+        return x
 
     @staticmethod
     def _add_until_held(occ, pool: dict[str, int], order: np.ndarray, need: int, node_size: int):

@@ -79,7 +79,7 @@ class FollowingOccupancy(Occupancy):
             self.solo_of = np.concatenate([self.solo_of, np.full(grow, -1, dtype=np.int64)])
             self._host_at = np.concatenate([self._host_at, np.full(grow, -1, dtype=np.int64)])
             self._host_n = np.concatenate([self._host_n, np.zeros(grow, dtype=np.int64)])
-        self._index_nodes()
+        self._index_nodes(reuse=True)
         self._hosts_dirty = True
         self._nodes_seen = nodes
         return True

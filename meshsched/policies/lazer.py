@@ -36,7 +36,8 @@ from meshsched.policies.lazer_opt import (
     DeferralContext, DeferralOptimizer, Observation, OptimizerConfig, OptimizerState, fit_model, ideal_step,
     mean_interarrival, objective,
 )
-from meshsched.policies.queue import ShortestRemaining, room_by_eviction
+from meshsched.policies.lazer_room import room_with_partners
+from meshsched.policies.queue import ShortestRemaining
 from meshsched.policies.sharing_scheduler import SharingScheduler
 from meshsched.state import Job, JobState
 
@@ -257,14 +258,14 @@ class Lazer:
                 for p, j in eligible:
                     tiers[2 if j.state is loading else 0 if now - j.since >= self._load(j) else 1].append((p, j))
                 ranked = tiers[0] + tiers[1] + tiers[2]
-        spot, chosen = room_by_eviction(
-            view, cycle.plan, cycle.plan.free_map(), job.spec.gpus, prio, ranked, held
-        )
+        spot, chosen = room_with_partners(view, cycle.plan, cycle.plan.free_map(), job.spec.gpus, prio, ranked, held)
         if spot is None:
             return None
         on_spot = {node for node, _ in spot}
-        victims = tuple(view.job(vid) for vid, nodes in chosen if on_spot.intersection(nodes))
-        return Orchestrated(victims, spot) if victims else None
+        gpus = view.cluster_state().gpus
+        ids = {v.job_id for v in chosen}  # a victim whose every GPU keeps a partner frees nothing: not taken
+        victims = [v for v in chosen if any(gpus[g].node in on_spot and ids.issuperset(gpus[g].jobs) for g in v.gpus)]
+        return Orchestrated(tuple(victims), spot) if victims else None
 
     # ------------------------------------------------------------------ F measurements (Eq. 2)
 

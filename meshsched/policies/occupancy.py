@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import chain
+from operator import is_
 
 import numpy as np
 
@@ -164,12 +165,30 @@ class Occupancy:
         for h in self._hosts.values():
             self.solo_of[list(h.gpus)] = h.gpus[0]
 
-    def _index_nodes(self) -> None:
+    def _index_nodes(self, reuse: bool = False) -> None:
         """The live nodes' arrays: `node_gpus`, `node_row`, `node_size` and, per GPU, its live node's row in
-        `node_gpus` (`gpu_node`; a lost node's: one past the last)."""
+        `node_gpus` (`gpu_node`; a lost node's: one past the last). With `reuse` (a node joined or was lost), from
+        the last index's arrays (`_reindex_nodes`) when the nodes known then are still first, in order, the node
+        size is unchanged and no GPU was drained or resumed since (`set_drained` reorders a node's GPUs)."""
         state = self.state
-        live = [n for n in state.nodes.values() if n.alive]
-        sizes = np.array([len(n.gpus) for n in live], dtype=np.int64)
+        objs = list(state.nodes.values())
+        alive = np.fromiter((n.alive for n in objs), dtype=bool, count=len(objs))
+        pos = np.flatnonzero(alive)  # the live nodes' places in `state.nodes`
+        prev = getattr(self, "_node_objs", None)
+        if reuse and prev is not None and len(pos) and self._drained is state.drained and len(objs) >= len(prev) \
+                and all(map(is_, objs, prev)):
+            if len(objs) > len(prev):
+                more = objs[len(prev):]
+                self._node_sizes = np.append(self._node_sizes, [len(n.gpus) for n in more]).astype(np.int64)
+                self._node_names = np.append(self._node_names, np.array([n.name for n in more], dtype=object))
+            if int(self._node_sizes[pos].max()) == self.node_size:
+                self._reindex_nodes(objs, pos)
+                return
+        live = [objs[p] for p in pos.tolist()]
+        self._node_objs, self._live_pos, self._drained = objs, pos, state.drained
+        self._node_sizes = np.fromiter(map(len, (n.gpus for n in objs)), dtype=np.int64, count=len(objs))
+        self._node_names = np.array([n.name for n in objs] + [None], dtype=object)[:-1]  # (1-d even for tuples)
+        sizes = self._node_sizes[pos]
         width = int(sizes.max()) if len(live) else 1
         self.node_size = width
         self.node_gpus = np.full((len(live), width), -1, dtype=np.int64)  # GPU index per (live node, slot)
@@ -180,6 +199,26 @@ class Occupancy:
         self.node_row = {node.name: r for r, node in enumerate(live)}
         self.gpu_node = np.full(len(state.gpus), len(live), dtype=np.int64)
         self.gpu_node[flat] = rows
+
+    def _reindex_nodes(self, objs: list, pos: np.ndarray) -> None:
+        """`_index_nodes` from the last one's arrays: the rows of nodes live then and now are copied, a node
+        live only now has its row read (a node never changes its GPUs: `ClusterState.add_node`); the same
+        arrays as a fresh index."""
+        row_of = np.full(len(objs), -1, dtype=np.int64)
+        row_of[self._live_pos] = np.arange(len(self._live_pos))
+        take = row_of[pos]
+        width = self.node_size
+        mat = self.node_gpus[take] if len(self.node_gpus) else np.full((len(pos), width), -1, dtype=np.int64)
+        for r in np.flatnonzero(take < 0).tolist():
+            gs = objs[int(pos[r])].gpus
+            mat[r] = -1
+            mat[r, : len(gs)] = gs
+        self.node_gpus = mat
+        self.node_row = dict(zip(self._node_names[pos].tolist(), range(len(pos))))
+        held = mat >= 0
+        self.gpu_node = np.full(len(self.state.gpus), len(pos), dtype=np.int64)
+        self.gpu_node[mat[held]] = np.nonzero(held)[0]
+        self._node_objs, self._live_pos = objs, pos
 
     def _set_row(self, job: Job, row: int | None) -> None:
         if row is None:

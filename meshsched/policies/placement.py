@@ -55,15 +55,22 @@ _count_then_name = itemgetter(1, 0)
 class Planner:
     """Scratch allocation of free GPUs during one scheduling pass; the state is not touched."""
 
-    __slots__ = ("_state", "_free", "_taken", "_node_size", "_type", "free_total")
+    __slots__ = ("_state", "_free", "_own", "_taken", "_node_size", "_type", "free_total")
 
     def __init__(self, state: ClusterState) -> None:
         self._state = state
-        self._free = dict(state.free_nodes())
+        # the state's free map, shared until this pass first claims GPUs (`_claim`: most passes claim none)
+        self._free, self.free_total = state.free_summary()  # free_total: free GPUs still unclaimed in this pass
+        self._own = False
         self._taken: set[int] = set()
         self._node_size = max(state.largest_node, 1)
         self._type = {n.name: n.gpu_type for n in state.nodes.values()} if len(state.gpu_types) > 1 else None
-        self.free_total = sum(self._free.values())  # free GPUs still unclaimed in this pass
+
+    def _claim(self) -> dict[str, int]:
+        """This pass's own free map, to change (copied from the state's at the first claim)."""
+        if not self._own:
+            self._free, self._own = dict(self._free), True
+        return self._free
 
     def free_map(self) -> dict[str, int]:
         """Free GPUs per node still unclaimed in this pass (a copy)."""
@@ -93,13 +100,14 @@ class Planner:
 
     def withhold(self, node: str, count: int) -> int:
         """Keep up to `count` free GPUs of `node` out of this pass (reserved for a waiting job); returns how many."""
-        have = self._free.get(node, 0)
+        free = self._claim()
+        have = free.get(node, 0)
         got = min(have, count)
         self.free_total -= got
         if have - got:
-            self._free[node] = have - got
+            free[node] = have - got
         else:
-            self._free.pop(node, None)
+            free.pop(node, None)
         return got
 
     def withhold_gpus(self, node: str, count: int) -> list[int]:
@@ -115,7 +123,7 @@ class Planner:
         plan = self.compact(self._free, want)
         if plan is None:
             return None
-        state = self._state
+        state, free = self._state, self._claim()
         picked: list[int] = []
         for node, count in plan:
             got = 0
@@ -125,11 +133,11 @@ class Planner:
                     got += 1
                     if got == count:
                         break
-            left = self._free[node] - count
+            left = free[node] - count
             if left:
-                self._free[node] = left
+                free[node] = left
             else:
-                del self._free[node]
+                del free[node]
         self._taken.update(picked)
         self.free_total -= want
         return tuple(picked)

@@ -7,6 +7,7 @@ One scheduler walks the wait queue in its ordering's priority, starts what fits 
 from __future__ import annotations
 
 import math
+from heapq import heapify, heappop, heappush
 from operator import itemgetter
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -282,6 +283,8 @@ class QueueScheduler:
         plan = cycle.plan
         own = type(placement) is QueueScheduler  # try_start: None whenever need > plan.free_total
         strict = self.strict
+        if own and not strict and (by_need := view.queue_by_need()) is not None:
+            return self._start_by_need(view, cycle, by_need)
         min_need = view.min_queued_gpus
         total = view.total_gpus
         decisions: list[Decision] = []
@@ -306,6 +309,34 @@ class QueueScheduler:
                     no_start = need
             if strict or no_start <= min_need:
                 break
+        return decisions
+
+    def _start_by_need(self, view: ClusterView, cycle: Cycle, by_need) -> list[Decision]:
+        """`_start_pass` with this scheduler's own `try_start`, backfilling, without walking the queue: the queue's
+        jobs of each GPU count in queue order (`view.queue_by_need`), merged by a heap of each count's next job.
+        The walk would start a job exactly when its count still fits (failures are monotone in the count and the
+        free GPUs only shrink in a pass), so the next start is the best queued job of a count that still fits:
+        counts that no longer fit drop out (with every larger one, once `take` fails), and the starts come in
+        the walk's order, with its decisions."""
+        plan = cycle.plan
+        total = view.total_gpus
+        self._promised.clear()
+        heads = [(jobs[0], need, 0) for need, jobs in by_need.items() if need <= total and need <= plan.free_total]
+        heapify(heads)
+        decisions: list[Decision] = []
+        while heads:
+            entry, need, i = heappop(heads)
+            if need > plan.free_total:
+                continue  # (this count no longer fits: its later jobs neither)
+            d = self.try_start(view, cycle, view.job(entry[2]))
+            if d is None:
+                heads = [h for h in heads if h[1] < need]  # monotone: no job of `need` or more fits in this pass
+                heapify(heads)
+                continue
+            decisions.append(d)
+            jobs = by_need[need]
+            if i + 1 < len(jobs):
+                heappush(heads, (jobs[i + 1], need, i + 1))
         return decisions
 
     def next_timer(self, view: ClusterView, now: float) -> float | None:

@@ -120,7 +120,7 @@ def _lazer(args: dict, h: PolicyHandle):
 
     names = {"xmax": "high_s", "refit": "refit_every"}
     cfg = OptimizerConfig(seed=args.get("seed", h.seed), **{names[k]: v for k, v in args.items() if k in names})
-    return Lazer(_perf(h), cfg, loading=args.get("loading", "preempt"))
+    return Lazer(_perf(h), cfg, loading=args.get("loading", "last"))
 
 
 def _plan_perf(h: PolicyHandle) -> PlanPerfModel:
@@ -198,9 +198,9 @@ POLICIES: dict[str, Entry] = {
                    (Param("refit", int, "refit the GP after this many new observations (default 5)"),
                     Param("xmax", float, "the longest deferral X in seconds (default 100)"),
                     Param("seed", int, "the optimiser's seed (default: the run's seed)"),
-                    Param("loading", str, "a job still loading: preempt (the paper: like any other), spare (never), or "
-                          "last (only if the others do not suffice, after the running jobs that have not yet "
-                          "trained as long as their load took)")),
+                    Param("loading", str, "a job still loading: last (the default: only if the others do not suffice, "
+                          "after the running jobs that have not yet trained as long as their load took), preempt "
+                          "(the paper: like any other) or spare (never)")),
                    True),
     "castor": Entry("placement", _castor,
                     "Castor SJF-BSBF: SJF; shares a single-job GPU only when the pair's mean JCT beats waiting",

@@ -127,7 +127,7 @@ def simulate(
         world.push(jobs[0].submit_time, ev.JobSubmitted(f"submit-{jobs[0].job_id}", jobs[0]))
     count = 0
     qlen = -1
-    qt, ql = result.queue_times, result.queue_lengths
+    qt, ql, queued = result.queue_times, result.queue_lengths, engine.waiting.entries  # (queued: queue_length's)
     step_at, step_events, step_limit = None, 0, 10 * len(jobs) + 1000  # time-stepped: events at one instant
     while (item := world.pop()) is not None:
         now, event = item
@@ -165,7 +165,7 @@ def simulate(
                 world.execute(engine.handle(report, now), now)
                 if after_event is not None:
                     after_event(engine)
-        n = engine.queue_length
+        n = len(queued)
         if n != qlen:
             qlen = n
             qt.append(now)

@@ -134,12 +134,13 @@ class SimWorld:
         heap = self._heap
         while heap:
             at, _, seq, event = heap[0]
-            if isinstance(event, (ev.JobStarted, ev.JobFinished)):
+            kind = type(event)
+            if kind is ev.JobStarted or kind is ev.JobFinished:  # (neither is subclassed)
                 run = self._runs.get(event.job_id)
                 if run is None or run.token != seq:
                     heapq.heappop(heap)  # superseded by a preemption, a kill or a rate change
                     continue
-            elif type(event) is ev.IterationReport:
+            elif kind is ev.IterationReport:
                 run = self._runs.get(event.job_id)
                 if run is None or run.report != seq:
                     heapq.heappop(heap)  # the job stopped, or a later re-rate reported since
@@ -165,8 +166,12 @@ class SimWorld:
         )
 
     def execute(self, actions: list[Action | ScheduleTimer | FitModel], now: float) -> None:
+        handlers = self._handlers
         for a in actions:
-            dispatch("SimWorld", self._handlers, a, now)
+            h = handlers.get(type(a))
+            if h is None:
+                dispatch("SimWorld", handlers, a, now)  # (raises UnknownAction)
+            h(a, now)
 
     def _launch(self, a: Launch, now: float) -> None:
         spec = self._specs[a.job_id]
@@ -273,7 +278,10 @@ class SimWorld:
     def take_reports(self) -> list[ev.IterationReport]:
         """The progress reports of jobs re-rated by the last event or actions, for the engine now (the loop
         delivers them after that event, as meshd turns the SDK's next report into an IterationReport)."""
-        due, self._due = self._due, {}
+        due = self._due
+        if not due:
+            return []  # (most events re-rate nobody)
+        self._due = {}
         return [r for r in due.values() if r.job_id in self._runs]
 
     def sharing_stats(self, job_id: str) -> tuple[bool, float] | None:

@@ -82,7 +82,8 @@ def test_algorithm_2_candidates(snapshot, gpus, seconds, held, expected):
         assert sum(n for _, n in found.spot) == gpus
 
 
-@pytest.mark.parametrize(("spec", "expected"), [("lazer", {"l"}), ("lazer:loading=spare", None)])
+@pytest.mark.parametrize(("spec", "expected"), [("lazer:loading=preempt", {"l"}), ("lazer", {"l"}),
+                                              ("lazer:loading=spare", None)])
 def test_a_loading_job_is_a_candidate_unless_spared(spec, expected):
     perf = LinearPerf(LOAD, PAUSE)
     engine = Engine(make_policy(spec, PolicyHandle(perf=perf)), ProfileEstimator(perf))
@@ -95,8 +96,8 @@ def test_a_loading_job_is_a_candidate_unless_spared(spec, expected):
     assert (None if found is None else {v.job_id for v in found.victims}) == expected
 
 
-@pytest.mark.parametrize(("spec", "expected"), [("lazer", {"l"}), ("lazer:loading=last", {"r"}),
-                                              ("lazer:loading=spare", {"r"})])
+@pytest.mark.parametrize(("spec", "expected"), [("lazer:loading=preempt", {"l"}), ("lazer:loading=last", {"r"}),
+                                              ("lazer", {"r"}), ("lazer:loading=spare", {"r"})])
 def test_a_loading_job_is_taken_last_by_loading_last(spec, expected):
     """n0: l (8000 s left) still loading; n1: r (7000 s) running. Algorithm 2 takes the longest, l; `last`
     takes the loading job only when the others do not suffice, `spare` never."""

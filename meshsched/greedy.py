@@ -1,0 +1,51 @@
+"""When the engine may leave out a scheduling pass: the arrival pass of a greedy stack that could start nothing.
+
+A greedy stack is a QueueScheduler alone (fifo, sjf, srtf, las, ... non-preemptive, backfilling, run on every
+event, no other layer): its pass only starts queued jobs on free GPUs, in queue order, while they fit (one node,
+best fit, for a job that fits one node; else the fewest nodes). After such a pass no queued job can start. Until
+GPUs come free or a job joins the queue other than by arriving, every later pass would find the same jobs unable
+to start on the same free GPUs, so an arrival's pass could start only the newcomer: when the newcomer cannot fit
+either, the pass decides nothing and the engine leaves it out (`Engine._starts_nothing`; a full replay makes
+about one pass per arrival and release, so this is most arrivals of a busy cluster). Pure functions.
+"""
+
+from __future__ import annotations
+
+from meshsched.policies.queue import LeastAttained, QueueScheduler
+from meshsched.policies.stack import PolicyStack
+from meshsched.state import ClusterState
+
+_STOCK = (PolicyStack.schedule, QueueScheduler.place)  # the passes this module reasons about
+_TIMER = (PolicyStack.next_timer, QueueScheduler.next_timer)  # and the timers
+
+
+def stock_pass(policy: object) -> bool:
+    """Whether a greedy stack's pass is still the stock one (a pass wrapped or patched, as tests do, may decide
+    anything: its arrival passes all run). Asked at each arrival: a patch may come after the stack was judged."""
+    return (type(policy).schedule, type(policy.placement).place) == _STOCK
+
+
+def is_greedy(policy: object) -> bool:
+    """Whether `policy` is a greedy stack (above)."""
+    q = getattr(policy, "placement", None)
+    return type(policy) is PolicyStack and policy.preemption is None and policy.plan is None and \
+        policy.calibration is None and type(q) is QueueScheduler and not q.preemptive and not q.strict and \
+        q.interval is None
+
+
+def never_times(policy: object) -> bool:
+    """Whether a greedy stack never asks for a timer (QueueScheduler.next_timer: only Tiresias' LAS does)."""
+    return is_greedy(policy) and not isinstance(policy.placement.order, LeastAttained) and \
+        type(policy).next_timer is _TIMER[0] and type(policy.placement).next_timer is _TIMER[1]
+
+
+def cannot_start(state: ClusterState, need: int) -> bool:
+    """Whether a job of `need` GPUs cannot be placed on the free GPUs now (QueueScheduler.try_start fails): no
+    node has `need` free when one node can hold it, else the free GPUs do not add up to it."""
+    free = state.free_nodes()
+    if need <= state.largest_node:
+        for n in free.values():
+            if n >= need:
+                return False
+        return True
+    return need > sum(free.values())
