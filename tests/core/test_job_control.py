@@ -322,7 +322,9 @@ def test_dependencies_wait_then_run_or_are_cancelled(served, mesh, script):
 def test_a_time_limit_ends_the_job_as_timeout(served, mesh, script):
     r = mesh("submit", script, "--time", "0:01", "--", "60")
     job = r.stdout.split()[-1]
-    poll(lambda: served.records[job].state == "TIMEOUT", timeout=20, what="TIMEOUT")
+    # (the daemon's thread sets the record's state, then its end time: wait for both)
+    poll(lambda: served.records[job].state == "TIMEOUT" and served.records[job].end_time is not None, timeout=20,
+         what="TIMEOUT")
     rec = served.records[job]
     assert rec.reason == "TimeLimit" and 0.9 < rec.end_time - rec.start_time < 15
     assert not served.launcher.running(job)
