@@ -15,6 +15,8 @@ has one), its supervisor's pid, a touch every 50 ms, and its end if it ran its f
   jobs_twice     jobs with two live copies at once (overlapping ledger intervals of different pids, rank 0)
 
 Targets (issue 11): 0 lost, 0 twice, failover p95 < 10 s, submit-to-RUNNING via a non-leader p50 < 100 ms.
+`--hops`: every meshd traces its proposals (MESHSCHED_MESH_TRACE=1, DEBUG lines in its log) and phase 1's
+submit-to-RUNNING is split into hops, p50 ms each (`hops_ms`; see `hops`).
 Needs the `etcd` binary (`apt-get install etcd-server`).
 """
 
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -48,6 +52,51 @@ while time.time() - start < seconds:
 with open(path, "a") as f:
     f.write(f"{time.time()}\\n")  # the end: a copy stopped before its time leaves no fourth line
 """
+
+
+HOPS = (  # (name, from, to): a trace point is (what, proposal: "submit" | "start", node: B | P | "any")
+    ("submit: proposed at B -> first applied", ("propose", "submit", "B"), ("apply", "submit", "any")),
+    ("submit: first applied -> applied at P", ("apply", "submit", "any"), ("apply", "submit", "P")),
+    ("launch at P (engine, spawn)", ("apply", "submit", "P"), ("propose", "start", "P")),
+    ("start: proposed at P -> first applied", ("propose", "start", "P"), ("apply", "start", "any")),
+    ("start: first applied -> applied at B", ("apply", "start", "any"), ("applied", "start", "B")),
+    ("total: proposed at B -> applied at B", ("propose", "submit", "B"), ("applied", "start", "B")),
+)
+TRACE_LINE = re.compile(r"trace (\S+) (\w+) (.*)")
+
+
+def hops(logs: dict[str, str]) -> dict[str, float]:
+    """Per-hop p50 (ms) of phase 1's jobs from the meshd logs' trace lines (`daemon.mesh_batch.trace`): B is the
+    node the job was submitted through, P the node it ran on; the rest of the submit-to-RUNNING figure is the
+    API's (the submit call, the poll). Clocks: one machine's."""
+    seen: dict[tuple[str, str, str], float] = {}  # (what, proposal, node) -> time (the first)
+    jobs: dict[str, dict[str, tuple[str, str]]] = {}  # job -> kind -> (proposal, node that proposed it)
+    for node, text in logs.items():
+        for found in TRACE_LINE.finditer(text):
+            t, what, rest = float(found[1]), found[2], found[3].split()
+            proposal = rest[0].removeprefix("proposals/")
+            seen.setdefault((what, proposal, node), t)
+            seen.setdefault((what, proposal, "any"), t)
+            seen[(what, proposal, "any")] = min(seen[(what, proposal, "any")], t)
+            if what == "propose" and rest[1] in ("JobSubmitted", "JobStarted"):
+                jobs.setdefault(rest[2], {})[rest[1]] = (proposal, node)
+    out: dict[str, list[float]] = {name: [] for name, _, _ in HOPS}
+    placed_on_leader = []
+    for kinds in jobs.values():
+        if "JobSubmitted" not in kinds or "JobStarted" not in kinds:
+            continue
+        (sub, b), (start, p) = kinds["JobSubmitted"], kinds["JobStarted"]
+        names = {"submit": sub, "start": start}
+        where = {"B": b, "P": p, "any": "any"}
+        for name, (w1, k1, n1), (w2, k2, n2) in HOPS:
+            t1, t2 = seen.get((w1, names[k1], where[n1])), seen.get((w2, names[k2], where[n2]))
+            if t1 is not None and t2 is not None:
+                out[name].append((t2 - t1) * 1000)
+        placed_on_leader.append(float(("handed", start, p) in seen))
+    result = {name: round(statistics.median(v), 1) for name, v in out.items() if v}
+    if placed_on_leader:
+        result["start appended by its own node (the leader), share"] = round(statistics.mean(placed_on_leader), 2)
+    return result
 
 
 def pct(values: list[float], q: float) -> float:
@@ -204,7 +253,10 @@ def main() -> None:
     p.add_argument("--probes", type=int, default=20, help="submit-to-RUNNING samples through a non-leader")
     p.add_argument("--duration", type=float, default=60.0, help="seconds over which submits and kills spread")
     p.add_argument("--ttl", type=int, default=3, help="coordinator ttl (failover is bounded by it)")
+    p.add_argument("--hops", action="store_true", help="split phase 1's submit-to-RUNNING into hops (traces)")
     args = p.parse_args()
+    if args.hops:
+        os.environ["MESHSCHED_MESH_TRACE"] = "1"  # every meshd started from here
     if ETCD is None:
         sys.exit(f"failover: {NO_ETCD}")
     bench = Bench(args)
@@ -214,6 +266,7 @@ def main() -> None:
             bench.mesh.wait_up(node)
         print("phase 1: submit-to-RUNNING through a non-leader", file=sys.stderr)
         lat = bench.latency()
+        hop = hops({n.name: bench.mesh.log(n) for n in bench.mesh.members}) if args.hops else None
         print(f"phase 2: {args.jobs} jobs, {args.kills} leader kills", file=sys.stderr)
         failovers = bench.chaos()
         states = bench.final_states(timeout=120)
@@ -229,6 +282,8 @@ def main() -> None:
         "submit_to_running_ms_p50": round(statistics.median(lat), 1),
         "submit_to_running_ms_p95": round(pct(lat, 0.95), 1),
     }
+    if hop is not None:
+        out["hops_ms"] = hop
     if args.json:
         print(json.dumps(out, indent=2))
         return
@@ -237,6 +292,7 @@ def main() -> None:
             ("jobs run twice", str(out["jobs_twice"]), "0"),
             ("submit->RUNNING via non-leader p50 / p95 (ms)",
              f"{out['submit_to_running_ms_p50']} / {out['submit_to_running_ms_p95']}", "p50 < 100")]
+    rows += [(f"  {name} (p50 ms)", str(value), "") for name, value in (hop or {}).items()]
     width = max(len(r[0]) for r in rows)
     print(f"{'figure':<{width}}  {'measured':<14}  target")
     for name, value, target in rows:

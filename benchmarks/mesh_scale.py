@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from meshsched.cli.client import ApiError, DaemonUnavailable
 
-from benchmarks.failover import Bench, pct
+from benchmarks.failover import Bench, hops, pct
 from tests.support.netns import Fabric, NetnsMesh, NetnsUnavailable
 
 
@@ -197,6 +197,7 @@ def run(args, fabric: Fabric) -> dict:
         print("phase 1: submit-to-RUNNING through a non-leader", file=sys.stderr)
         load1 = os.getloadavg()
         lat = bench.latency()
+        hop = hops({n.name: bench.mesh.log(n) for n in bench.mesh.members}) if args.hops else None
         load1 = {"before": [round(x, 2) for x in load1], "after": [round(x, 2) for x in os.getloadavg()]}
         sampler = threading.Thread(target=bench.sample_load, daemon=True)
         sampler.start()
@@ -240,7 +241,7 @@ def run(args, fabric: Fabric) -> dict:
         "log_position": position.get("log_position"), "snapshot_index": position.get("snapshot_index"),
         "snapshots_written": position.get("snapshots_written"), "new_node": join,
         "load_avg_phase1": load1, "load_avg_1min_every_30s": bench.load,
-    }
+    } | ({"hops_ms": hop} if hop is not None else {})
 
 
 def table(out: dict) -> str:
@@ -278,8 +279,12 @@ def main() -> int:
     p.add_argument("--logs", default=None, help="copy each meshd's log into this folder after the run")
     p.add_argument("--etcd-nice", type=int, default=0,
                    help="etcd's scheduling priority (e.g. -10: etcd ahead of the 32 meshd, as on its own machine)")
+    p.add_argument("--hops", action="store_true", help="split phase 1's submit-to-RUNNING into hops (every meshd "
+                   "traces its log: two DEBUG lines per entry and node, for the whole run)")
     p.add_argument("--settle", type=float, default=300.0, help="seconds to wait for every job to end")
     args = p.parse_args()
+    if args.hops:
+        os.environ["MESHSCHED_MESH_TRACE"] = "1"  # every meshd started from here (benchmarks/failover.py hops)
     args.duration = args.duration or max(30.0, args.jobs / 4)
     started = time.monotonic()
     try:

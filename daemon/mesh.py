@@ -4,12 +4,12 @@ Every node replays the same event log (`daemon.eventlog`) through its own engine
 whole mesh's state (`mesh ls` on any node shows every job) and carries out the actions that touch its own
 GPUs. Nodes never decide alone: what happens here (a submit, an exit, a report, a cancel) is *proposed*; the
 leader copies proposals into the log in one order, in batches (one etcd transaction fenced by its term puts a
-batch's entries and deletes their proposals), and arms the engine's timer. A new leader needs no rebuild: it
-has applied the same log. Local-first: while the leader is gone, jobs
-keep running, proposals wait in an outbox (a file, `mesh-outbox.jsonl`, written before a proposal is
-acknowledged, taken back by the next meshd: a SIGKILL loses none), and everything flows once there is a leader
-again. The leader declares a node lost (the engine requeues its jobs) once its member entry has been gone for
-`node_grace` seconds; a node that etcd has not seen alive for `ttl - retry_timeout` seconds fences itself
+batch's entries and deletes their proposals; its own reach its batches without a put: `LocalProposals`), and
+arms the engine's timer. A new leader needs no rebuild: it has applied the same log. Local-first: while the
+leader is gone, jobs keep running, proposals wait in an outbox (a file, `mesh-outbox.jsonl`, written before a
+proposal is acknowledged, taken back by the next meshd: a SIGKILL loses none), and everything flows once there
+is a leader again. The leader declares a node lost (the engine requeues its jobs) once its member entry has
+been gone for `node_grace` seconds; a node that etcd has not seen alive for `ttl - retry_timeout` seconds fences itself
 before that (stops its ranks, checkpointing where it can) and follows the log once it is back. Every `snapshot_entries` entries or `snapshot_bytes` bytes of log the leader writes a
 snapshot (`snapshots/{index}`: the engine's state and meshd's beside it) and deletes the log entries up to the
 previous snapshot and every snapshot older than that, then compacts etcd's history to the snapshot's
@@ -28,7 +28,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from meshsched.daemon.config import CoordinatorConfig
@@ -56,7 +56,7 @@ from meshsched.daemon.eventlog import (
     split_snapshot,
     with_model,
 )
-from meshsched.daemon.mesh_batch import take_batch
+from meshsched.daemon.mesh_batch import LocalProposals, log_entries, take_batch, trace
 from meshsched.daemon.mesh_node import MeshReplica
 
 from meshsched import events as ev
@@ -99,6 +99,7 @@ class MeshLink:
         self.first_decision: float | None = None  # when this leadership first appended an entry
         self._last_seq: dict[str, str] = {}  # node -> newest proposal applied (a failover may copy one twice)
         self._outbox: deque[tuple[str, str]] = deque()
+        self._local = LocalProposals()  # while this node leads: its own proposals go straight to its sequencer
         self._wake = asyncio.Event()
         self._seq = itertools.count()
         self._tasks: set[asyncio.Task] = set()
@@ -271,6 +272,7 @@ class MeshLink:
             self.position = index
             return
         node, _, seq = entry.proposal.rpartition("/")
+        self._local.seen(f"proposals/{entry.proposal}")
         if seq and seq <= self._last_seq.get(node, ""):
             self.position = index  # a second copy of a proposal (appended again after a failover)
             return
@@ -279,8 +281,10 @@ class MeshLink:
         self.position = index
         if isinstance(entry.event, ev.NodeJoined) and entry.event.node.address:
             self.addresses[entry.event.node.name] = entry.event.node.address
+        trace("apply", entry.proposal, str(index))
         self.replica.apply_entry(entry, index, act=index > self.durable)
         self.durable = max(self.durable, index)
+        trace("applied", entry.proposal, str(index))
 
     # ---------------------------------------------------------------- snapshots (leader only)
 
@@ -335,6 +339,7 @@ class MeshLink:
         key, value = f"proposals/{self.node}/{seq}", Entry(event, self.node, run=run, record=record).to_json()
         if not isinstance(event, LEADER_ONLY):  # a next leader decides those again; stale later, never replayed
             self._outbox_write({"key": key, "value": value})
+        trace("propose", key, event=event)
         self._outbox.append((key, value))
         self._wake.set()
 
@@ -383,7 +388,12 @@ class MeshLink:
             while self._outbox:
                 key, value = self._outbox[0]
                 try:
-                    await self.coord.put(key, value)
+                    if await self._local.hand(key, value):  # (this node leads: appended without a put)
+                        trace("handed", key)
+                    else:
+                        self._local.unseen = key  # (set first: a put that fails may have reached etcd)
+                        await self.coord.put(key, value)
+                        trace("put", key)
                 except CoordinatorError as exc:
                     self._say_once(f"proposing: {exc}")
                     await asyncio.sleep(self.config.loop_wait)
@@ -503,6 +513,7 @@ class MeshLink:
         for key in sorted(props.items):
             queue.put_nowait((key, props.items[key]))
         feeder = self._spawn(self._feed(queue, props.revision))
+        self._local.open(queue)  # after the listing: a proposal this node put before is queued ahead of its next
         try:
             while True:
                 batch, error = await take_batch(queue)
@@ -514,12 +525,14 @@ class MeshLink:
                 if error is not None:
                     raise error
         finally:
+            self._local.close()
             feeder.cancel()
 
     async def _feed(self, queue: asyncio.Queue, revision: int) -> None:
         try:
             async for change in self.coord.watch("proposals/", since=revision):
                 if change.kind is ChangeKind.PUT:
+                    trace("heard", change.key)
                     queue.put_nowait((change.key, change.value))
             queue.put_nowait(CoordinatorError("the proposals' watch ended (the coordinator closed)"))
         except Exception as exc:  # noqa: BLE001 - handed to the sequencer, which raises it (it must not wait on)
@@ -529,18 +542,10 @@ class MeshLink:
         """The batch's entries at last+1, ... and their proposals' deletes in ONE transaction fenced by `term`:
         an entry and its proposal's delete commit together, so a failover mid-batch neither loses nor doubles
         one (the next leader finds exactly the proposals not yet in the log)."""
-        puts: list[tuple[str, str]] = []
-        deletes: list[str] = []
-        for key, value in batch:
-            proposal = key.removeprefix("proposals/")
-            deletes.append(f"proposals/{proposal}")
-            try:
-                entry = replace(Entry.from_json(value), time=time.time(), proposal=proposal)
-            except LogError as exc:
-                LOG.error("mesh: proposal %s dropped: %s", key, exc)
-                continue
-            puts.append((log_key(last + 1 + len(puts)), entry.to_json()))
+        puts, deletes = log_entries(batch, last)
         await self.coord.append(term, puts, deletes)
+        self._local.committed(key for key, _ in batch)
+        trace("appended", *deletes)
         if puts and self.first_decision is None:
             self.first_decision = time.time()
         return last + len(puts)

@@ -106,9 +106,10 @@ class Engine(RecoveryHandlers):
         if not submitted:
             # the event's job may have moved or reported progress (None: anything may have changed)
             job_id = getattr(event, "job_id", None)
-            self.state.touch(job_id)
-            if job_id in self.state.jobs:
-                self._mark(job_id)
+            state = self.state
+            state.touch(job_id)
+            if job_id in state.jobs:
+                self._changed[job_id] = None  # (`_mark`)
             if kind not in _QUEUE_KEPT:
                 self._settled = False  # the queue or the free GPUs may change without a pass (`_starts_nothing`)
         settled = self._settled
@@ -122,7 +123,8 @@ class Engine(RecoveryHandlers):
             self._schedule(trigger, now, event.stimulus_id, actions, event.spec.job_id if submitted else None)
         if self._recalibrate:
             self._calibrate_sharers(now, event.stimulus_id, actions)
-        timer = self.timers.arm(None if self._no_timer is self.policy else self.policy.next_timer(self.view(), now),
+        policy = self.policy
+        timer = self.timers.arm(None if self._no_timer is policy else policy.next_timer(self.view(), now),
                                 control.next_due(), now, trigger is not None)
         if timer is not None:
             actions.append(timer)
@@ -433,7 +435,8 @@ class Engine(RecoveryHandlers):
     def _schedule(
         self, trigger: Trigger, now: float, stimulus: str, actions: list[Action], stimulus_job: str | None = None
     ) -> None:
-        jobs = self.state.jobs
+        state = self.state
+        jobs, control = state.jobs, self.control
         arrived = stimulus_job if trigger is Trigger.ARRIVAL else None
         for d in self.policy.schedule(self.view(arrived), now, trigger):
             kind = type(d)
@@ -444,29 +447,12 @@ class Engine(RecoveryHandlers):
                 actions.append(FitModel(d.fit, d.request))
                 continue
             job = jobs[d.job_id]
-            blocked = self.control.blocked
+            blocked = control.blocked
             if blocked and d.job_id in blocked:  # a policy that found it by its state (a Lazer deferral)
                 self._log(now, stimulus, job, f"ignored {kind.__name__}: {blocked[d.job_id]}")
                 continue
-            if isinstance(d, Start):
-                if self.state.drained and self.drains.refuses(d.gpus, job, now, stimulus):
-                    continue
-                if not job.state.is_queued:
-                    raise ValueError(f"policy started {job.job_id} which is {job.state.value}")
-                self._dequeue(job)
-                job.transition(JobState.LOADING, now)
-                self.state.assign(job.job_id, d.gpus)
-                job.gpus = d.gpus
-                job.reason = ""
-                job.exec = d.exec or ExecConfig.default_for(job.spec)
-                job.exec_pending = None
-                self._active[job.job_id] = job
-                self.control.started(job, now)
-                if job.acct.first_start is None:
-                    job.acct.first_start = now
-                actions.append(Launch(job.job_id, d.gpus, job.checkpoint_iterations, job.restarts, job.exec))
-                job.restarts += 1
-                self._log(now, stimulus, job, f"start on GPUs {fmt_gpus(d.gpus)}: {d.reason}")
+            if kind is Start or isinstance(d, Start):
+                self._apply_start(d, job, now, stimulus, actions)
             elif isinstance(d, Evict):
                 if job.state not in (JobState.RUNNING, JobState.LOADING):
                     raise ValueError(f"policy evicted {job.job_id} which is {job.state.value}")
@@ -497,6 +483,30 @@ class Engine(RecoveryHandlers):
                 raise TypeError(f"policy returned {d!r}, which is no decision")
         self._settled = self._greedy() and not self.state.drained  # (a full pass: `_starts_nothing`)
 
+    def _apply_start(self, d: Start, job: Job, now: float, stimulus: str, actions: list[Action]) -> None:
+        state = self.state
+        if state.drained and self.drains.refuses(d.gpus, job, now, stimulus):
+            return
+        if not job.state.is_queued:
+            raise ValueError(f"policy started {job.job_id} which is {job.state.value}")
+        job_id, gpus = job.spec.job_id, d.gpus
+        self._dequeue(job)
+        job.transition(JobState.LOADING, now)
+        state.assign(job_id, gpus)
+        job.gpus = gpus
+        job.reason = ""
+        job.exec = x = d.exec or ExecConfig.default_for(job.spec)
+        job.exec_pending = None
+        self._active[job_id] = job
+        self.control.started(job, now)
+        acct = job.acct
+        if acct.first_start is None:
+            acct.first_start = now
+        actions.append(Launch(job_id, gpus, job.checkpoint_iterations, job.restarts, x))
+        job.restarts += 1
+        self._changed[job_id] = None  # (`_log`)
+        self.log.append(_entry(LogEntry, (now, stimulus, job_id, f"start on GPUs {fmt_gpus(gpus)}: {d.reason}")))
+
     # ---------------------------------------------------------------- helpers
 
     def _enqueue(self, job: Job) -> None:
@@ -518,32 +528,6 @@ class Engine(RecoveryHandlers):
         if job.state is JobState.RUNNING:
             self._partners_retimed(job, now, stopped=True)
         job.transition(JobState.PAUSING, now)
-
-    def _partners_retimed(self, job: Job, now: float, stopped: bool) -> None:
-        """`job` starts or stops training on its GPUs: the rate of each job training next to it changes now.
-        A partner's progress is banked at its old rate, and a report measured partly before now loses its step
-        time (`_on_report`); a partner left alone on all its GPUs has the engine's estimate alone until then.
-        (The simulator's world reports the new rate at once; a real job only after a step at it.)"""
-        gpus, jobs, me = self.state.gpus, self.state.jobs, job.job_id
-        seen: set[str] = set()
-        for g in job.gpus:
-            on = gpus[g].jobs
-            if len(on) < 2:
-                continue  # (only `job` there: most jobs hold their GPUs alone)
-            for other in on:
-                if other == me or other in seen:
-                    continue
-                seen.add(other)
-                p = jobs[other]
-                if p.state is not JobState.RUNNING:
-                    continue
-                p.done_iterations = p.iterations_at(now)
-                p.progress_time = p.rate_since = now
-                self.state.touch(other)
-                self._mark(other)
-                alone = all(set(gpus[h].jobs) <= {me, other} for h in p.gpus)
-                if stopped and alone and (p.exec is None or p.exec.plan is None):
-                    p.step_time = self._estimate(p)
 
     def _estimate(self, job: Job) -> float:
         return step_time_where(self.estimator, self.state, job)

@@ -1,6 +1,7 @@
 """The engine's handlers for what meshd tells it after a restart and during a run besides the cycle: jobs restored
 from the journal or adopted still running, checkpoints saved, totals declared by the script, models fitted,
-recovery done. A mixin of `Engine` (meshsched.engine), which owns the state these handlers change.
+recovery done; and the re-timing of a job's partners when it starts or stops training. A mixin of `Engine`
+(meshsched.engine), which owns the state these handlers change.
 """
 
 from __future__ import annotations
@@ -88,6 +89,32 @@ class RecoveryHandlers:
     def _on_recovery_done(self, e: ev.RecoveryDone, now: float, actions: list[Action]) -> Trigger | None:
         self._log(now, e.stimulus_id, None, f"recovered {len(self.state.jobs)} job(s)")
         return Trigger.RELEASE
+
+    def _partners_retimed(self, job: Job, now: float, stopped: bool) -> None:
+        """`job` starts or stops training on its GPUs: the rate of each job training next to it changes now.
+        A partner's progress is banked at its old rate, and a report measured partly before now loses its step
+        time (`_on_report`); a partner left alone on all its GPUs has the engine's estimate alone until then.
+        (The simulator's world reports the new rate at once; a real job only after a step at it.)"""
+        gpus, jobs, me = self.state.gpus, self.state.jobs, job.job_id
+        seen: set[str] = set()
+        for g in job.gpus:
+            on = gpus[g].jobs
+            if len(on) < 2:
+                continue  # (only `job` there: most jobs hold their GPUs alone)
+            for other in on:
+                if other == me or other in seen:
+                    continue
+                seen.add(other)
+                p = jobs[other]
+                if p.state is not JobState.RUNNING:
+                    continue
+                p.done_iterations = p.iterations_at(now)
+                p.progress_time = p.rate_since = now
+                self.state.touch(other)
+                self._mark(other)
+                alone = all(set(gpus[h].jobs) <= {me, other} for h in p.gpus)
+                if stopped and alone and (p.exec is None or p.exec.plan is None):
+                    p.step_time = self._estimate(p)
 
 
 def fmt_gpus(gpus: tuple[int, ...]) -> str:

@@ -42,10 +42,7 @@ def never_times(policy: object) -> bool:
 def cannot_start(state: ClusterState, need: int) -> bool:
     """Whether a job of `need` GPUs cannot be placed on the free GPUs now (QueueScheduler.try_start fails): no
     node has `need` free when one node can hold it, else the free GPUs do not add up to it."""
-    free = state.free_nodes()
+    free, total = state.free_summary()
     if need <= state.largest_node:
-        for n in free.values():
-            if n >= need:
-                return False
-        return True
-    return need > sum(free.values())
+        return need > max(free.values(), default=0)
+    return need > total

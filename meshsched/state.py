@@ -7,6 +7,7 @@ Only the engine mutates these objects; policies read them through `ClusterView`.
 from __future__ import annotations
 
 import enum
+import operator
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -233,6 +234,7 @@ class ExecConfig:
         return self.local_batches
 
 
+_COUNT = operator.itemgetter(1)  # (node, free count) -> the count: truthy where a GPU is free
 _DEFAULT_EXEC: dict[int, ExecConfig] = {}  # per-GPU batch -> its default ExecConfig (built once: every start asks)
 
 
@@ -446,7 +448,7 @@ class ClusterState:
         memo, fbn = self._free_memo, self.free_by_node
         if memo is not None and memo[0] == self._free_version and memo[1] is fbn:
             return memo[2]
-        out = {n: c for n, c in fbn.items() if c > 0}
+        out = dict(filter(_COUNT, fbn.items()))  # the nodes with a free GPU (counts are never negative)
         got = out, sum(out.values())
         self._free_memo = (self._free_version, fbn, got)
         return got

@@ -67,7 +67,8 @@ def _neg_objective(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[flo
     from scipy.linalg import cho_factor, cho_solve
 
     n, d = x.shape
-    ls, noise, c = np.exp(theta[:d]), math.exp(theta[d]), theta[d + 1]
+    # log values past 50 are capped: a line search may try any step (an unbounded exp overflowed, issue 26)
+    ls, noise, c = np.exp(np.minimum(theta[:d], 50.0)), math.exp(min(theta[d], 50.0)), theta[d + 1]
     k = _rbf(x, x, ls)
     kn = k + noise * np.eye(n)
     cf = cho_factor(kn, lower=True, check_finite=False)

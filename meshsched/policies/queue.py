@@ -378,10 +378,12 @@ def room_by_eviction(
     gpus = view.cluster_state().gpus
     single = need <= plan.node_size
     pooled = sum(pool.values())
+    bar = prio[0]
+    get = pool.get
     for vprio, v in victims:
-        if not vprio[0] > prio[0]:
+        if not vprio[0] > bar:
             break  # only strictly lower-priority jobs are preempted
-        vid = v.job_id
+        vid = v.spec.job_id
         if vid in evicted:
             continue
         vnodes = nodes_of.get(vid)
@@ -390,7 +392,7 @@ def room_by_eviction(
         chosen.append((vid, vnodes))
         touched = False
         for node in vnodes:
-            n = pool[node] = pool.get(node, 0) + 1
+            n = pool[node] = get(node, 0) + 1
             if n >= need:
                 touched = True
         pooled += len(vnodes)

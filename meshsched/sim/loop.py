@@ -125,11 +125,11 @@ def simulate(
     next_arrival = 0
     if jobs:
         world.push(jobs[0].submit_time, ev.JobSubmitted(f"submit-{jobs[0].job_id}", jobs[0]))
-    count = 0
-    qlen = -1
+    count, qlen = 0, -1
     qt, ql, queued = result.queue_times, result.queue_lengths, engine.waiting.entries  # (queued: queue_length's)
     step_at, step_events, step_limit = None, 0, 10 * len(jobs) + 1000  # time-stepped: events at one instant
-    while (item := world.pop()) is not None:
+    pop, push, handle, execute, take_reports = world.pop, world.push, engine.handle, world.execute, world.take_reports
+    while (item := pop()) is not None:
         now, event = item
         count += 1
         kind = type(event)
@@ -138,7 +138,7 @@ def simulate(
             next_arrival += 1
             if next_arrival < len(jobs):
                 nxt = jobs[next_arrival]
-                world.push(nxt.submit_time, ev.JobSubmitted(f"submit-{nxt.job_id}", nxt))
+                push(nxt.submit_time, ev.JobSubmitted(f"submit-{nxt.job_id}", nxt))
             if progress is not None and next_arrival % 1000 == 0:
                 progress(next_arrival)
         elif kind is ev.JobStarted:
@@ -154,15 +154,15 @@ def simulate(
             if step_events > step_limit:
                 raise RuntimeError(f"time step at {now:g} s: over {step_limit} events without time advancing (the "
                                    f"policy preempts and restarts jobs in a loop: preemption is free under these rules)")
-        world.execute(engine.handle(event, now), now)
+        execute(handle(event, now), now)
         if gate is not None and not gate.hold and gate.pending:
             raise RuntimeError(f"time step at {now}: its last event ({type(event).__name__}) ran no scheduling pass")
         if after_event is not None:
             after_event(engine)
-        while due := world.take_reports():  # what the re-rated jobs' SDKs report (its calibration may re-rate more)
+        while due := take_reports():  # what the re-rated jobs' SDKs report (its calibration may re-rate more)
             for report in due:
                 count += 1
-                world.execute(engine.handle(report, now), now)
+                execute(handle(report, now), now)
                 if after_event is not None:
                     after_event(engine)
         n = len(queued)

@@ -120,8 +120,18 @@ class SimWorld:
         return self._seq
 
     def pop(self) -> tuple[float, ev.Event] | None:
-        if self._drop_stale():
-            at, _, _, event = heapq.heappop(self._heap)
+        heap, runs = self._heap, self._runs
+        while heap:  # (`_drop_stale`, inline: once per event)
+            at, _, seq, event = heapq.heappop(heap)
+            kind = type(event)
+            if kind is ev.JobStarted or kind is ev.JobFinished:  # (neither is subclassed)
+                run = runs.get(event.job_id)
+                if run is None or run.token != seq:
+                    continue  # superseded by a preemption, a kill or a rate change
+            elif kind is ev.IterationReport:
+                run = runs.get(event.job_id)
+                if run is None or run.report != seq:
+                    continue  # the job stopped, or a later re-rate reported since
             self._now = at
             return at, event
         return None
