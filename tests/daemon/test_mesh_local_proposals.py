@@ -6,24 +6,14 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from meshsched.daemon.coordinator import CoordinatorUnavailable
 from meshsched.daemon.etcd import EtcdCoordinator
-from meshsched.daemon.etcd_local import ETCD, NO_ETCD, start_etcd
 from meshsched.daemon.eventlog import Entry, index_of
 from meshsched.daemon.mesh_batch import LocalProposals
 
 from meshsched import events as ev
 from tests.daemon.test_mesh_batch import _config, _link, _log, _until
-
-
-@pytest.fixture
-def etcd(tmp_path):
-    if ETCD is None:
-        pytest.skip(NO_ETCD)
-    server = start_etcd(tmp_path)
-    yield server
-    server.stop()
+from tests.daemon.test_mesh_batch import etcd  # noqa: F401, F811 - the fixture (a real etcd per test)
 
 
 class Puts(EtcdCoordinator):
