@@ -38,7 +38,9 @@ SETTINGS = {
     "full-x1.5": (["--trace", "philly", "--load", "1.5", "--nodes", "64"], None),
 }
 TIE = 1e-9  # relative: mean JCTs this close are one figure (float noise), a tie
-MESH = "import sys; from meshsched.cli.main import main; sys.argv[0] = 'mesh'; sys.exit(main())"
+# the child reports its own CPU seconds last on stderr (wall time on 2 shared cores says little)
+MESH = ("import atexit, sys, time; atexit.register(lambda: print(f'cpu_s={time.process_time():.2f}', file=sys.stderr)); "
+        "from meshsched.cli.main import main; sys.argv[0] = 'mesh'; sys.exit(main())")
 
 
 def setting_args(name: str, file_nodes: int, jobs: int | None, file_window: str | None = None,
@@ -62,8 +64,11 @@ def run_one(task: tuple[str, str, list[str]]) -> dict:
     p = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wall = round(time.perf_counter() - t0, 1)
     base = {"setting": setting, "policy": policy, "wall_s": wall}
+    cpu = [ln for ln in p.stderr.splitlines() if ln.startswith("cpu_s=")]
+    if cpu:
+        base["cpu_s"] = float(cpu[-1].removeprefix("cpu_s="))
     if p.returncode != 0:
-        err = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+        err = ([ln for ln in p.stderr.strip().splitlines() if not ln.startswith("cpu_s=")] or [f"exit {p.returncode}"])[-1]
         return base | {"error": err}
     doc = json.loads(p.stdout)
     summary = doc["policies"][0]

@@ -35,9 +35,10 @@ import numpy as np
 from meshsched.perf.errors import UnknownProfile
 from meshsched.perf.memory import pair_fits
 from meshsched.policies.base import Start, Wait
+from meshsched.policies.castor_preempt import preemption, sharing_cost
 from meshsched.policies.castor_tables import HostTable, Judged, Kinds, Spot, holding_prefix
 from meshsched.policies.occupancy import Host
-from meshsched.policies.sharing import BatchChoice, sub_batches, theorem1
+from meshsched.policies.sharing import BatchChoice, pair_times, sub_batches, theorem1
 from meshsched.policies.sharing_scheduler import Forecast, SharingPass, SharingScheduler
 from meshsched.state import ExecConfig, Job
 
@@ -59,6 +60,10 @@ class Castor(SharingScheduler):
     name: str = "castor"
     _kt: Kinds | None = field(default=None, repr=False)
     _kinds: dict = field(default_factory=dict, repr=False)  # per job kind and GPU type, step times (`solo_steps`)
+    # The queue order of a preemption layer under it that evicts longer jobs for a shorter one (srtf, lazer; set by
+    # the registry): then a share must beat waiting counted over all of its partners, and for a job the layer would
+    # evict for (`try_start`), preempting too (`_rather_preempt`)
+    preemption_order: object | None = None
 
     def solo_steps(self, job: Job, per_gpu: int, node_size: int, gpu_type: str) -> dict[int, float] | None:
         """B's solo step time on `gpu_type` at each sub-batch b (with per_gpu / b accumulation steps), None
@@ -234,9 +239,11 @@ class Castor(SharingScheduler):
             t_b = kt.tb[kid, :r][:, code_c]
         keep = ~masked.all(axis=0)  # columns no sub-batch can use: +inf whatever the numbers, left out
         if not keep.all():
-            cols, ta, ia, xa, xb, masked = cols[keep], ta[keep], ia[keep], xa[:, keep], xb[:, keep], masked[:, keep]
+            # (`compress` answers C-contiguous arrays, as `_pair_sums` needs: it writes through `ravel`)
+            cols, ta, ia = cols[keep], ta[keep], ia[keep]
+            xa, xb, masked = (np.compress(keep, a, axis=1) for a in (xa, xb, masked))
             if t_b.shape[1] > 1:
-                t_b = t_b[:, keep]
+                t_b = np.compress(keep, t_b, axis=1)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             ha, hb = ta * xa, t_b * xb  # shared step times (eq. 14-15)
             ta2 = ha * ia  # A's end when it finishes first
@@ -295,7 +302,7 @@ class Castor(SharingScheduler):
             np.multiply(tb, y, out=y)
             np.add(a2, y, out=y)
             np.add(a2, y, out=y)
-            x.ravel()[k] = y
+            np.put(x, k, y)  # (C order, whatever `x`'s layout: `x.ravel()` of a non-contiguous `x` is a copy)
         np.copyto(x, np.inf, where=masked)
         return x
 
@@ -332,6 +339,36 @@ class Castor(SharingScheduler):
     def _no_fit(self, job: Job, partners: int) -> Wait:
         return Wait(job.job_id, f"{self.name}: sharing pays with {partners} job(s) but their GPUs cannot hold it "
                                 "compactly")
+
+    def _rather_preempt(self, view, ps: SharingPass, job: Job, partners, micro: int, gpu_type: str, t_b_alone: float
+                        ) -> Wait | None:
+        """Under a preemption layer that evicts longer jobs (`preemption_order`): a Wait when sharing with all of
+        `partners` ((Job, column, choice)) at `micro` adds more to the sum of JCTs than waiting for free GPUs, or
+        (a job the layer may evict for: `ps.preempting`) than starting alone now by preempting longer jobs
+        (castor_preempt: Theorem 1 over every partner at once, and "after A" is then "now, after the victims
+        pause"); else None."""
+        now, tab = ps.now, ps.table
+        i_b = self._remaining_iters(job, now)
+        per_gpu = max(1, job.spec.batch_size // job.spec.gpus)
+        t_b = self._step(job, gpu_type, ps.plan.node_size, micro, per_gpu // micro)
+        shared = []
+        for p, i, _ in partners:
+            x = self.interference.xi(p.spec.model, self.micro_batch(p), job.spec.model, micro, gpu_type)
+            if x is None:
+                return None
+            ta, ia = float(tab.ta[i]), float(tab.ia[i])
+            shared.append((ta, ia, x[0], pair_times(ta, ia, x[0], t_b, i_b, x[1], 0.0)[1]))
+        d, cost = sharing_cost(shared)
+        solo = t_b_alone * i_b
+        wait = self.wait_start(view, ps, job) + solo
+        if cost >= wait:
+            return Wait(job.job_id, f"{self.name}: waiting beats sharing with {len(shared)} job(s) (JCT added "
+                                    f"{wait:.0f}s waiting vs {cost:.0f}s shared)")
+        pre = preemption(view, ps.plan, job, self.preemption_order, self.perf, now, solo) if ps.preempting else None
+        if pre is None or cost <= pre.cost:
+            return None
+        return Wait(job.job_id, f"{self.name}: preempting {','.join(v.job_id for v in pre.victims)} beats sharing "
+                                f"(done in {pre.jct:.0f}s alone vs {d:.0f}s shared; JCT added {pre.cost:.0f}s vs {cost:.0f}s)")
 
     def _place(self, view, ps, job, order: np.ndarray, choice, per_gpu, t_alone):
         # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds
@@ -382,6 +419,10 @@ class Castor(SharingScheduler):
         )  # fmt: skip
         if micro is None:
             return Wait(job.job_id, f"{self.name}: no micro-batch fits next to all of {','.join(sorted(partners))}")
+        if self.preemption_order is not None:
+            rather = self._rather_preempt(view, ps, job, partners.values(), micro, gpu_type, t_alone[gpu_type])
+            if rather is not None:
+                return rather
         for node, n in free_needed:
             gpus += plan.withhold_gpus(node, n)
         ps.claimed.update(gpus)

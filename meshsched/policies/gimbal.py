@@ -186,18 +186,21 @@ class PackedJob:
     utilization: float = 1.0  # solo GPU utilisation in (0, 1] (eq. 2)
     time_to_deadline_s: float | None = None  # deadline minus now (eq. 3-4); None: no deadline
 
+    _workers: tuple[WorkerId, ...] = field(init=False, repr=False, compare=False)  # built once (a hot path)
+
     def __post_init__(self) -> None:
         if not self.gpus or len(set(self.gpus)) != len(self.gpus):
             raise ValueError(f"job {self.job}: needs distinct GPUs, one per rank, got {self.gpus}")
         if not (self.remaining_steps >= 0 and math.isfinite(self.remaining_steps)):
             raise ValueError(f"job {self.job}: remaining steps must be finite and >= 0")
+        object.__setattr__(self, "_workers", tuple(WorkerId(self.job, r) for r in range(len(self.gpus))))
 
     @property
     def world_size(self) -> int:
         return len(self.gpus)
 
     def workers(self) -> tuple[WorkerId, ...]:
-        return tuple(WorkerId(self.job, r) for r in range(self.world_size))
+        return self._workers
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,6 +96,9 @@ class GimbalCalibration:
     switch_s: float = LGRR_SWITCH_S
     drain: bool = True  # remaining time as the set drains (see the module docstring); False: the paper's static
     name: str = "gimbal"
+    # Keep each evaluation within one search (a calibration asked again, a drain stage, a worker's step): the same
+    # numbers, computed once. False: every one from scratch (the reference the tests compare the memo with).
+    memo: bool = True
 
     def calibrate(self, view: ClusterView, job: Job, now: float) -> list[Reconfigure]:
         if job.state is not JobState.RUNNING:
@@ -119,20 +122,20 @@ class GimbalCalibration:
 
     @staticmethod
     def _packing_members(view: ClusterView, job: Job) -> list[Job]:
-        """Training jobs connected to `job` through shared GPUs (itself included), sorted by id."""
-        on_gpu: dict[int, list[Job]] = {}
-        for j in view.holding():
-            if j.state is JobState.RUNNING:
-                for g in j.gpus:
-                    on_gpu.setdefault(g, []).append(j)
+        """Training jobs connected to `job` through shared GPUs (itself included), sorted by id. It walks the
+        GPUs' holders (the cluster state's occupancy), not every job holding GPUs."""
+        state = view.cluster_state()
+        gpus, jobs, running = state.gpus, state.jobs, JobState.RUNNING
         seen, todo = {job.job_id: job}, [job]
         while todo:
             j = todo.pop()
             for g in j.gpus:
-                for o in on_gpu.get(g, ()):
-                    if o.job_id not in seen:
-                        seen[o.job_id] = o
-                        todo.append(o)
+                for oid in gpus[g].jobs:
+                    if oid not in seen:
+                        o = jobs[oid]
+                        if o.state is running:
+                            seen[oid] = o
+                            todo.append(o)
         return [seen[k] for k in sorted(seen)]
 
     # -- Algorithm 1 on predictions ----------------------------------------------------------------------
@@ -166,9 +169,7 @@ class GimbalCalibration:
 
         correction = self._corrections(packed, model(start), by_id, measured)
 
-        def corrected(active, cal: Calibration) -> Runtime:
-            rt = _runtime(active, perf_of, xi, self.mps_share, cal)
-            return Runtime({w: t * correction.get(w, 1.0) for w, t in rt.worker_step_s.items()})
+        corrected = _corrector(perf_of, xi, self.mps_share, correction, self.memo)
 
         even = Calibration(tuple(JobCalibration.even(jc.job, jc.global_batch, len(jc.settings)) for jc in start.jobs))
         if len(members) == 1:  # alone: a full share, samples balanced on the (reported) rank speeds
@@ -181,12 +182,23 @@ class GimbalCalibration:
                                 f"gimbal: not calibrated ({why}): full share, even samples")
         pset = PackingSet(tuple(packed))
 
+        evaluated: dict[Calibration, Runtime] = {}  # by the calibration asked, and by its one-share form
+        stages: dict | None = {} if self.memo else None  # the drain's later stages, shared by every evaluation
+
         def evaluate(cal: Calibration) -> Runtime:
-            cal = _one_share_per_job(cal)
-            rt = corrected(packed, cal)
-            if not self.drain:
-                return rt
-            return DrainRuntime(rt.worker_step_s, rt.comm_s, _drain(packed, cal, rt, corrected))
+            got = evaluated.get(cal)
+            if got is None:
+                one = _one_share_per_job(cal)
+                got = evaluated.get(one)
+                if got is None:
+                    got = corrected(packed, one)
+                    if self.drain:
+                        got = DrainRuntime(got.worker_step_s, got.comm_s, _drain(packed, one, got, corrected, stages))
+                    if self.memo:
+                        evaluated[one] = got
+                if self.memo:
+                    evaluated[cal] = got
+            return got
 
         noise = STRAGGLER_TOLERANCE if measured else 0.0
         r = coordination_search(pset, start, evaluate, self.objective, lgrr_switch_s=self.switch_s, min_gain=noise)
@@ -246,7 +258,7 @@ class DrainRuntime(Runtime):
         return self.drained_s[job.job]
 
 
-def _drain(packed, cal: Calibration, first: Runtime, runtime_of) -> dict[str, float]:
+def _drain(packed, cal: Calibration, first: Runtime, runtime_of, stages: dict | None = None) -> dict[str, float]:
     """Seconds until each job finishes when the set runs under `cal` until its first job ends, then the rest
     with the partners that remain (a job with none at a full share and even samples), and so on."""
     left = {j.job: j.remaining_steps for j in packed}
@@ -266,9 +278,15 @@ def _drain(packed, cal: Calibration, first: Runtime, runtime_of) -> dict[str, fl
                 for g in j.gpus:
                     gpus[g] = gpus.get(g, 0) + 1
             alone = {j.job for j in active if all(gpus[g] == 1 for g in j.gpus)}
-            cal = _alone(active, Calibration(tuple(jc for jc in cal.jobs if any(j.job == jc.job for j in active))),
-                         alone, runtime_of)
-            rt = runtime_of(active, cal)
+            cal = Calibration(tuple(jc for jc in cal.jobs if any(j.job == jc.job for j in active)))
+            key = (tuple(j.job for j in active), cal, frozenset(alone))
+            got = None if stages is None else stages.get(key)
+            if got is None:
+                got = _alone(active, cal, alone, runtime_of)
+                got = (got, runtime_of(active, got))
+                if stages is not None:
+                    stages[key] = got
+            cal, rt = got
     return out
 
 
@@ -281,23 +299,53 @@ def _alone(active, cal: Calibration, alone: set[str], runtime_of) -> Calibration
     return full.apply([p for j in active if j.job in alone for p in liss(j, full, rt)])
 
 
-def _runtime(jobs, perf_of, xi, model: MpsShareModel, cal: Calibration) -> Runtime:
-    """Each worker's predicted step under `cal`, its GPU partner's share and curve included (any layout)."""
+def _runtime(jobs, perf_of, xi, model: MpsShareModel, cal: Calibration, cache: dict | None = None) -> Runtime:
+    """Each worker's predicted step under `cal`, its GPU partner's share and curve included (any layout).
+    `cache`: worker steps by (job, samples, share, partner, partner's share), for calls over one set's jobs."""
     on_gpu: dict = {}
     for j in jobs:
         for w, g in zip(j.workers(), j.gpus):
             on_gpu.setdefault(g, []).append(w)
+    cache = {} if cache is None else cache
     steps = {}
     for j in jobs:
         p = perf_of[j.job]
+        settings = cal.job(j.job).settings
         for w, g in zip(j.workers(), j.gpus):
-            s = cal.setting(w)
-            partner = None
+            s = settings[w.rank]
+            other = None
             for o in on_gpu[g]:
                 if o.job != j.job:
-                    partner = Partner(xi(j.job, o.job), perf_of[o.job].curve, cal.setting(o).mps_percent / 100)
-            steps[w] = model.worker_step_s(p.alpha_s, p.beta_s, s.samples, p.curve, s.mps_percent / 100, partner)
+                    other = o
+            theirs = None if other is None else (other.job, cal.setting(other).mps_percent)
+            key = (j.job, s.samples, s.mps_percent, theirs)
+            t = cache.get(key)
+            if t is None:
+                partner = None if other is None else Partner(xi(j.job, other.job), perf_of[other.job].curve,
+                                                             theirs[1] / 100)
+                t = cache[key] = model.worker_step_s(p.alpha_s, p.beta_s, s.samples, p.curve, s.mps_percent / 100,
+                                                     partner)
+            steps[w] = t
     return Runtime(steps)
+
+
+def _corrector(perf_of, xi, model: MpsShareModel, correction, memo: bool):
+    """`corrected(active, cal)`: the Runtime of the jobs `active` under `cal`, each rank's step times its measured
+    correction; with `memo`, each (jobs, calibration) and each worker's setting computed once in this search."""
+    seen: dict = {}
+    worker_steps: dict | None = {} if memo else None
+
+    def corrected(active, cal: Calibration) -> Runtime:
+        key = (tuple(pj.job for pj in active), cal)
+        got = seen.get(key)
+        if got is None:
+            rt = _runtime(active, perf_of, xi, model, cal, worker_steps)
+            got = Runtime({w: t * correction.get(w, 1.0) for w, t in rt.worker_step_s.items()})
+            if memo:
+                seen[key] = got
+        return got
+
+    return corrected
 
 
 def _done(j: Job, now: float) -> float:
@@ -336,7 +384,9 @@ def _count_by(items) -> list[int]:
 
 
 def _one_share_per_job(cal: Calibration) -> Calibration:
-    """One MPS share per job (ExecConfig's): the lowest its workers were given."""
+    """One MPS share per job (ExecConfig's): the lowest its workers were given (`cal` itself when it has that)."""
+    if all(s.mps_percent == jc.settings[0].mps_percent for jc in cal.jobs for s in jc.settings):
+        return cal
     return Calibration(tuple(
         JobCalibration(jc.job, tuple(replace(s, mps_percent=min(t.mps_percent for t in jc.settings))
                                      for s in jc.settings))

@@ -319,7 +319,19 @@ def make_policy(spec: str, handle: PolicyHandle | None = None) -> PolicyStack:
     placement = built.get("placement")
     if placement is None:
         placement = _COMPANION[preempt[0]]({}, handle)
+    _weigh_preemption(placement, built.get("preemption"))
     return PolicyStack(text, placement, built.get("preemption"), built.get("calibration"), built.get("plan"))
+
+
+def _weigh_preemption(placement, preemption) -> None:
+    """Castor over a preemption layer that evicts longer jobs for a shorter one on every pass (srtf, lazer; not a
+    periodic one) weighs that start against sharing (castor_preempt)."""
+    from meshsched.policies.castor import Castor
+
+    order = getattr(preemption, "order", None)
+    evicts = getattr(preemption, "preemptive", True) and getattr(preemption, "interval", None) is None
+    if isinstance(placement, Castor) and isinstance(order, ShortestRemaining) and evicts:
+        placement.preemption_order = order
 
 
 def _builder(layer: str, name: str):

@@ -54,7 +54,7 @@ class SharingPass:
     """One scheduling pass's scratch (kept in `Cycle.scratch`): what the sharing search computes once per pass."""
 
     __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size",
-                 "upcoming", "rest", "total", "lookahead", "judged", "usable", "foreign")
+                 "upcoming", "rest", "total", "lookahead", "judged", "usable", "foreign", "preempting")
 
     def __init__(self, state: ClusterState, cycle: Cycle) -> None:
         self.state = state
@@ -75,6 +75,9 @@ class SharingPass:
         self.judged: dict[str, object] = {}  # Castor: job -> its sharing arithmetic (`Castor._judge`)
         self.usable: dict[tuple, object] = {}  # SJF-FFS: shareable GPUs per kind of job (`SjfFfs._usable`)
         self.foreign: dict[str, np.ndarray | None] = {}  # one_user: per user, the hosts it may not pair with
+        # `try_start` for a preemption layer that evicts longer jobs for this one when it is declined: the job
+        # being searched may start now that way too (Castor weighs it, castor_preempt)
+        self.preempting = False
 
     def walk(self, queue: Iterator[Job]) -> Iterator[Job]:
         """The queue in order; `peek` may have pulled some of it ahead."""
@@ -189,7 +192,12 @@ class SharingScheduler:
         gpus = plan.take(need) if need <= plan.free_total else None
         if gpus is not None:
             return Start(job.job_id, gpus, f"{self.name}: {need} GPU(s) free")
-        return self._share(view, ps, job)
+        # srtf and lazer evict for the newcomer on an arrival, for any job otherwise (a release, a deferral's end)
+        ps.preempting = cycle.arrived is None or cycle.arrived == job.job_id
+        try:
+            return self._share(view, ps, job)
+        finally:
+            ps.preempting = False
 
     def next_timer(self, view: ClusterView, now: float) -> float | None:
         return None

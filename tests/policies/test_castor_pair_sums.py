@@ -50,3 +50,54 @@ def test_pair_sums_match_both_branches_everywhere(seed):
     assert got.shape == want.shape == (n, r, c)
     assert np.array_equal(got, want, equal_nan=True)
     assert (~(ta2 >= hb * i_b)).any()  # the branch computed only where A finishes first was taken
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pair_sums_on_arrays_that_are_not_c_contiguous(seed):
+    """`_kind_arrays` drops the columns no sub-batch can use; arrays cut so along their last axis (and products of
+    them) are not C-contiguous, and `_pair_sums` wrote B's end when A finishes first through `x.ravel()`, a copy
+    of such an array: those sums were silently left at the other branch's value."""
+    g = np.random.default_rng(100 + seed)
+    n, r, c = 3, 4, 80
+    keep = g.random(c) > 0.3
+    ta = g.uniform(0.05, 3.0, c)[keep]
+    ia = g.uniform(1, 5e5, c)[keep]
+    xa = g.uniform(0.9, 2.5, (r, c))[:, keep]
+    xb = g.uniform(0.9, 2.5, (r, c))[:, keep]
+    t_b = g.uniform(0.05, 3.0, (r, c))[:, keep] if seed % 2 else g.uniform(0.05, 3.0, (r, 1))
+    masked = (g.random((r, c)) < 0.05)[:, keep]
+    assert not xa.flags.c_contiguous
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ha, hb = ta * xa, t_b * xb
+        ta2 = ha * ia
+        q = ta2 / hb
+        i_b = g.uniform(0, 4e5, n)[:, None, None]
+        args = (ta, ia, ha, hb, ta2, q, t_b, i_b, masked)
+        contiguous = tuple(np.ascontiguousarray(a) for a in args)
+        want, got = _reference(*contiguous), Castor._pair_sums(*args)
+    assert (~(ta2 >= hb * i_b)).any()  # some pair where A finishes first
+    assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_kind_arrays_drop_unusable_columns_into_contiguous_arrays():
+    """The arrays `_kind_arrays` hands to `_pair_sums` after dropping columns are C-contiguous (the pair sums of the
+    columns kept are those of the full block)."""
+    from types import SimpleNamespace
+
+    g = np.random.default_rng(7)
+    r, groups, c = 3, 5, 40
+    xa = g.uniform(0.9, 2.0, (1, r, groups))
+    xa[0, :, 2] = np.nan  # group 2: no sub-batch fits
+    kt = SimpleNamespace(nsubs=[r], xi_of=[0], xa=xa, xb=g.uniform(0.9, 2.0, (1, r, groups)), types=["v100"],
+                         tb=g.uniform(0.05, 1.0, (1, r, 1)), profiled=np.ones((1, 1), dtype=bool))
+    gidx = g.integers(0, groups, c)
+    gidx[:3] = 2
+    hosts = (np.arange(c), gidx, np.zeros(c, dtype=np.int64), g.uniform(0.05, 3.0, c), g.uniform(1, 5e5, c))
+    xa_k, cols, ta, ia, xb_k, masked, t_b, ha, hb, ta2, q = Castor._kind_arrays(kt, 0, hosts)
+    assert len(cols) == (gidx != 2).sum()
+    assert all(a.flags.c_contiguous for a in (xa_k, xb_k, masked, ha, hb, ta2, q))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        i_b = np.array([1e3, 5e4, 3e5])[:, None, None]
+        got = Castor._pair_sums(ta, ia, ha, hb, ta2, q, t_b, i_b, masked)
+        want = _reference(ta, ia, ha, hb, ta2, q, t_b, i_b, masked)
+    assert np.array_equal(got, want, equal_nan=True)
