@@ -19,7 +19,9 @@ Figures, p50 and p99 over repetitions on the same snapshot (a pass only reads th
   updated one by one: they were rebuilt from scratch inside the timed call; now re-read one by one up to half
   the holders);
 * arrival after a node joins or is lost: the same, right after an (empty) 8-GPU node joined, and right after it
-  was lost again (the arrays grow by its GPUs and re-read the live nodes; they were rebuilt from scratch);
+  was lost again (the arrays grow by its GPUs and re-read the live nodes; they were rebuilt from scratch; where
+  the state's log names the node change, `ClusterState.changes_since`, only the jobs it names are re-read, not
+  every holder's reading);
 * release: GPUs came free (Trigger.RELEASE): the queue is walked; the first SHARE_SEARCH_DEPTH (64) pending
   jobs that do not fit on free GPUs get the sharing search, in queue order.
 * lazer (a stack with Lazer's preemption layer): arrival passes in the acquisition stage (expected improvement on the X grid)

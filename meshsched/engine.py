@@ -35,6 +35,7 @@ from meshsched.waitqueue import WaitQueue
 
 _BATCHED = {ev.JobSubmitted, ev.CancelRequested}  # the events `Engine.handle_many` gives one pass together
 _QUEUE_KEPT = frozenset({ev.JobStarted, ev.IterationReport, ev.RankReport})  # no job joins the queue, no GPU frees
+_NODE_EVENTS = frozenset({ev.NodeJoined, ev.NodeLost})  # the state logs these itself (`ClusterState.touch_nodes`)
 _SPEC_REST = operator.attrgetter(*(f.name for f in fields(JobSpec) if f.name != "job_id"))  # a spec but its id
 
 
@@ -107,7 +108,8 @@ class Engine(RecoveryHandlers):
             # the event's job may have moved or reported progress (None: anything may have changed)
             job_id = getattr(event, "job_id", None)
             state = self.state
-            state.touch(job_id)
+            if kind not in _NODE_EVENTS:
+                state.touch(job_id)
             if job_id in state.jobs:
                 self._changed[job_id] = None  # (`_mark`)
             if kind not in _QUEUE_KEPT:
@@ -451,7 +453,11 @@ class Engine(RecoveryHandlers):
             if blocked and d.job_id in blocked:  # a policy that found it by its state (a Lazer deferral)
                 self._log(now, stimulus, job, f"ignored {kind.__name__}: {blocked[d.job_id]}")
                 continue
-            if kind is Start or isinstance(d, Start):
+            if kind is Wait:  # (most of a pass's decisions: every queued job the pass leaves waiting)
+                if job.reason != d.reason:
+                    job.reason = d.reason
+                    self._changed[d.job_id] = None  # (`_mark`)
+            elif kind is Start or isinstance(d, Start):
                 self._apply_start(d, job, now, stimulus, actions)
             elif isinstance(d, Evict):
                 if job.state not in (JobState.RUNNING, JobState.LOADING):

@@ -11,6 +11,8 @@ import operator
 from collections import deque
 from dataclasses import dataclass, field
 
+from meshsched.state_log import ChangeLog
+
 
 class InvalidTransition(Exception):
     """A job was asked to move between states its lifecycle does not connect."""
@@ -420,7 +422,7 @@ class InvariantViolation(AssertionError):
 
 
 @dataclass(slots=True)
-class ClusterState:
+class ClusterState(ChangeLog):
     """All nodes, GPUs and jobs. `free_by_node` caches how many GPUs of each node hold no job."""
 
     nodes: dict[str, Node] = field(default_factory=dict)
@@ -467,25 +469,6 @@ class ClusterState:
     def _free_on(self, node: Node) -> int:
         return sum(1 for g in node.gpus if not self.gpus[g].jobs and g not in self.drained)
 
-    def touch(self, job_id: str | None = None) -> None:
-        """Bump `version`, noting the job whose GPUs or progress changed (None: anything may have changed)."""
-        self.version += 1
-        self.changes.append((self.version, job_id))
-
-    def changed_since(self, version: int) -> set[str] | None:
-        """Jobs touched after `version` (for caches that follow the state); None when the change log cannot
-        tell: a change not tied to one job, `version` bumped by hand, or older than the log."""
-        out: set[str] = set()
-        want = self.version
-        for v, job_id in reversed(self.changes):
-            if v <= version:
-                break
-            if v != want or job_id is None:
-                return None
-            out.add(job_id)
-            want -= 1
-        return out if want == version else None
-
     def add_node(self, spec: NodeSpec) -> Node:
         self._free_version += 1
         if spec.name in self.nodes:
@@ -495,7 +478,7 @@ class ClusterState:
             node.alive = True
             self.free_by_node[spec.name] = self._free_on(node)
             self._resize()
-            self.touch()
+            self.touch_nodes()
             return node
         first = len(self.gpus)
         for i in range(spec.gpus):
@@ -505,7 +488,7 @@ class ClusterState:
         self.nodes[spec.name] = node
         self.free_by_node[spec.name] = spec.gpus
         self._resize()
-        self.touch()
+        self.touch_nodes()
         return node
 
     def mark_lost(self, name: str) -> None:
@@ -514,7 +497,7 @@ class ClusterState:
         self._free_version += 1
         self.free_by_node[name] = 0
         self._resize()
-        self.touch()
+        self.touch_nodes()
 
     def _resize(self) -> None:
         alive = [n.size for n in self.nodes.values() if n.alive]

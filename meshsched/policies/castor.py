@@ -346,7 +346,8 @@ class Castor(SharingScheduler):
         `partners` ((Job, column, choice)) at `micro` adds more to the sum of JCTs than waiting for free GPUs, or
         (a job the layer may evict for: `ps.preempting`) than starting alone now by preempting longer jobs
         (castor_preempt: Theorem 1 over every partner at once, and "after A" is then "now, after the victims
-        pause"); else None."""
+        pause"); else None. In a release pass of such a layer (`ps.rather_preempt`) a job declined because
+        preempting beats sharing is named there, for the layer to preempt for it as on an arrival."""
         now, tab = ps.now, ps.table
         i_b = self._remaining_iters(job, now)
         per_gpu = max(1, job.spec.batch_size // job.spec.gpus)
@@ -367,6 +368,8 @@ class Castor(SharingScheduler):
         pre = preemption(view, ps.plan, job, self.preemption_order, self.perf, now, solo) if ps.preempting else None
         if pre is None or cost <= pre.cost:
             return None
+        if ps.rather_preempt is not None:  # a release pass: the layer preempts for it after the pass (lazer)
+            ps.rather_preempt.add(job.job_id)
         return Wait(job.job_id, f"{self.name}: preempting {','.join(v.job_id for v in pre.victims)} beats sharing "
                                 f"(done in {pre.jct:.0f}s alone vs {d:.0f}s shared; JCT added {pre.cost:.0f}s vs {cost:.0f}s)")
 

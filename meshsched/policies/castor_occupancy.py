@@ -2,14 +2,15 @@
 state's log cannot name, a node joining or lost included.
 
 `ClusterState.changed_since` answers None after a change not tied to one job: every event without a job id (a
-timer tick, a fitted model, forgotten jobs, a drain, a node joining or lost) bumps the version so. `Occupancy`
-then rebuilds every array from every holder, which on a large mesh (10,240 GPUs, ~3,800 holders) takes 40-150 ms
-of one decision. `FollowingOccupancy` keeps what it read of each holder (the job, its GPUs, state, progress,
-step time, settings and spec) and, after such a change, re-reads only the holders whose reading moved, and the
-ones that stopped holding, as if the log had named them (`Occupancy.apply`); the arrays end the same as a
-rebuild's (rows aside). When the live nodes changed, the per-GPU arrays grow by a new node's GPUs (holding
-nothing) and the live nodes' arrays are re-read first. It rebuilds only when a new GPU type came or when more
-than half the holders moved (`Occupancy.rebuild_pays`).
+timer tick, a fitted model, forgotten jobs, a drain) bumps the version so, and so does a node joining or lost
+(the log names it: `changes_since`). `Occupancy` then rebuilds every array from every holder, which on a large
+mesh (10,240 GPUs, ~3,800 holders) takes 40-150 ms of one decision. `FollowingOccupancy` keeps what it read of
+each holder (the job, its GPUs, state, progress, step time, settings and spec) and, after an unnamed change,
+re-reads only the holders whose reading moved, and the ones that stopped holding, as if the log had named them
+(`Occupancy.apply`); the arrays end the same as a rebuild's (rows aside). When the live nodes changed, the per-GPU
+arrays grow by a new node's GPUs (holding nothing) and the live nodes' arrays are re-read first; when the log
+names the node change and every job besides (`ClusterState.changes_since`), only those jobs are re-read. It
+rebuilds only when a new GPU type came or when more than half the holders moved (`Occupancy.rebuild_pays`).
 """
 
 from __future__ import annotations
@@ -52,13 +53,16 @@ class FollowingOccupancy(Occupancy):
         state = self.state
         if state.version == self.version:
             return
-        changed = state.changed_since(self.version)
-        if changed is None:  # the log cannot tell: compare every holder's reading
+        got = state.changes_since(self.version)
+        if got is None or got[1]:  # the log cannot tell, or a node joined or was lost
             nodes = self._nodes_now()
             if nodes != self._nodes_seen and not self._renode(nodes):
                 self._build(holding)
                 return
+        if got is None:  # compare every holder's reading
             changed = self._moved(holding)
+        else:  # the log names every job that moved (a node's jobs were released, so named, before it was lost)
+            changed = got[0]
         if self.rebuild_pays(len(changed)):
             self._build(holding)
             return

@@ -14,7 +14,9 @@ nothing is preempted. A deferred job starts too if GPUs come free for it (its de
 Beyond the paper (`_rescue`, issue 26): at a release the first queued job in SRTF order that cannot start is
 handled as an arrival again (preempting longer jobs, deferred once), and at every pass the free GPUs it needs
 (beside its deferral's victims, or completed by GPUs being paused) are kept from the jobs behind it; without
-this a multi-GPU job starved behind a stream of longer 1-GPU jobs taking each GPU that came free.
+this a multi-GPU job starved behind a stream of longer 1-GPU jobs taking each GPU that came free. Under Castor,
+a job its release pass declines because preempting longer jobs beats sharing is handled as an arrival too
+(`_preempt_declined`).
 
 F measurements (Eq. 2, `lazer_opt.ideal_deferral`): every prediction at t0 is pending with a candidate F (first 0):
 a job with a shorter remaining time than j_new arriving D after t0 inside the candidate's load window
@@ -170,12 +172,14 @@ class Lazer:
             mem, rescued = self._rescue(view, cycle, placement, mem, evicted, out)
         ours = len(out)
         if cycle.trigger is Trigger.RELEASE:
-            self._complete(view, cycle, placement, out)
+            declined = self._complete(view, cycle, placement, out)
             if ours and any(type(d) is Start and d.job_id == rescued for d in out[ours:]):
                 del out[:ours]  # the sharing placement started it after all: no preemption, no deferral for it
                 mem = kept
                 evicted.clear()
-            elif evicted:  # no job shares a GPU being drained for the rescued job
+            if declined:
+                mem = self._preempt_declined(view, cycle, placement, declined - {rescued}, mem, evicted, out)
+            if evicted:  # no job shares a GPU being drained for the rescued job
                 out[:] = _drop_shares_on(view, out, evicted)
         started = {d.job_id for d in out} | {rescued}
         for d in sorted(expired, key=lambda d: (d.until, d.job_id)):  # Algorithm 1, lines 8-10
@@ -191,15 +195,17 @@ class Lazer:
             out.append(RequestFit(fit_model, request))
         return out
 
-    def _complete(self, view: ClusterView, cycle: Cycle, placement, out: list[Decision]) -> None:
+    def _complete(self, view: ClusterView, cycle: Cycle, placement, out: list[Decision]) -> set[str]:
         """The completion handler (Algorithm 1, lines 11-17): queued jobs, shortest remaining first, start on
         what came free; nothing is preempted. A placement that shares GPUs (a SharingScheduler: Castor, sjf-ffs, ...)
         runs its own release pass over the same queue, which bounds its sharing searches per pass (Castor's
         depth): one try_start per queued job made castor+lazer+gimbal's release passes 90 % of a busy-window
-        replay (80,000 sharing searches for 500 jobs, issue 26)."""
+        replay (80,000 sharing searches for 500 jobs, issue 26). Returns the jobs that placement declined because
+        preempting longer jobs beats sharing (Castor under this layer, `_preempt_declined`)."""
+        declined: set[str] = set()
         if isinstance(placement, SharingScheduler):
-            out.extend(placement.place(view, cycle))
-            return
+            out.extend(placement.place(view, cycle, rather_preempt=declined))
+            return declined
         no_start = view.total_gpus + 1  # a monotone placement that failed N GPUs fails every larger job
         for job in view.queue():
             need = job.spec.gpus
@@ -212,6 +218,23 @@ class Lazer:
                 out.append(d)
             elif placement.monotone:
                 no_start = need
+        return declined
+
+    def _preempt_declined(self, view, cycle, placement, declined: set[str], mem: LazerMemory, evicted: set[str],
+                          out: list[Decision]) -> LazerMemory:
+        """Beyond the paper (issue 26): a queued job the sharing placement declined in this release pass because
+        starting it alone by preempting longer jobs adds less JCT than sharing (Castor, castor_preempt) gets
+        Algorithm 1's arrival handling, shortest first: Algorithm 2 on the GPUs the pass left free, deferred once
+        as an arrival is. Declining without preempting made it wait instead (Sia Saturn-1: the short jobs lost
+        2.2 h against srtf that way)."""
+        now = cycle.now
+        live = {d.job_id for d in mem.deferrals if d.until > now}
+        jobs = [view.job(j) for j in declined if j not in live]
+        for job in sorted((j for j in jobs if j.state.is_queued), key=lambda j: self.order.priority(j, now)):
+            deferred_before = any(p.job_id == job.job_id for p in mem.pending) or job.deferred_until is not None
+            mem = self._consider(view, cycle, placement, job, mem, evicted, out, may_defer=not deferred_before,
+                                 pool=cycle.plan.free_map())
+        return mem
 
     def _rescue(self, view, cycle, placement, mem: LazerMemory, evicted: set[str], out: list[Decision]
                 ) -> tuple[LazerMemory, str | None]:

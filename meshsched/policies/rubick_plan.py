@@ -35,6 +35,8 @@ WITHIN = 1.01  # the fewest CPUs whose time is within 1 % of the best
 class RubickPlans:
     """The plan layer: `plan_start` fills a Start's exec, `replan` answers Reconfigure decisions."""
 
+    memo = True  # skip what cannot change (`_any_held`, `_quiet`); False: every pass walks and weighs every job
+
     def __init__(self, perf: PlanPerfModel, name: str = "rubick", models=None) -> None:
         self.name = name
         self.perf = perf
@@ -42,6 +44,13 @@ class RubickPlans:
         # the models it plans (default: the catalog's; beside data-parallel profiles, those with a name of their own)
         self.models = frozenset(perf.catalog.profiles if models is None else models)
         self._best: dict[tuple, tuple[ExecutionPlan, int, float] | None] = {}
+        # The jobs of planned models holding GPUs (a superset: `_any_held`), as of the state's `version`: a pass
+        # with none of them holding skips the walk over every holding job. Kept from the state's change log.
+        self._held: set[str] = set()
+        self._seen: tuple[object, int] | None = None  # (the state, its version) `_held` is as of
+        # Per job, why `_replan_one` last answered None and for which inputs (`_quiet`): asked again with the same
+        # inputs, the answer is the same (see `_still_quiet`).
+        self._quiet: dict[str, tuple] = {}
 
     def planned(self, model: str) -> bool:
         return model in self.models
@@ -65,30 +74,62 @@ class RubickPlans:
 
     def replan(self, view: ClusterView, now: float) -> list[Decision]:
         decisions: list[Decision] = []
+        if self.memo and not self._any_held(view):
+            return decisions
+        models, running = self.models, JobState.RUNNING
         for job in view.holding():
-            if (job.state is not JobState.RUNNING or job.exec_pending is not None or not self.planned(job.spec.model)):
+            if job.state is not running or job.exec_pending is not None or job.spec.model not in models:
                 continue
             d = self._replan_one(view, job, now)
             if d is not None:
                 decisions.append(d)
         return decisions
 
+    def _any_held(self, view: ClusterView) -> bool:
+        """Whether a job of a planned model may hold GPUs: the jobs the state's change log names since the last
+        pass are re-read (a start or a release touches its job); the whole holding set when the log cannot tell."""
+        state = view.cluster_state()
+        seen, models = self._seen, self.models
+        changed = state.changed_since(seen[1]) if seen is not None and seen[0] is state else None
+        if changed is None:
+            self._held = held = {j.job_id for j in view.holding() if j.spec.model in models}
+            self._quiet = {k: v for k, v in self._quiet.items() if k in held}
+        else:
+            jobs, held, quiet = state.jobs, self._held, self._quiet
+            for job_id in changed:
+                j = jobs.get(job_id)
+                if j is not None and j.state.holds_gpus and j.spec.model in models:
+                    held.add(job_id)
+                else:
+                    held.discard(job_id)
+                    quiet.pop(job_id, None)
+        self._seen = (state, state.version)
+        return bool(self._held)
+
     def _replan_one(self, view: ClusterView, job: Job, now: float) -> Reconfigure | None:
         room = _cpu_room(view, job.gpus)
         shape = _shape(view, job.gpus)
         x = job.exec or ExecConfig.default_for(job.spec)
-        best = self.choose(job.spec.model, shape, room, job.spec.batch_size, _partner_micro(view, job.gpus, job, x))
+        micro = _partner_micro(view, job.gpus, job, x)
+        inputs = (shape, room, micro, x, job.since)
+        quiet = self._quiet.get(job.job_id)
+        if self.memo and quiet is not None and quiet[0] == inputs and _still_quiet(quiet, job, now):
+            return None
+        best = self.choose(job.spec.model, shape, room, job.spec.batch_size, micro)
         if best is None:
+            self._quiet[job.job_id] = (inputs, None, None)
             return None
         plan, cpus, t = best
         cur_plan = x.plan or job.spec.plan
         cur_cpus = x.cpus_per_gpu or _asked_cpus(job)
         if cur_plan == str(plan) and cur_cpus == cpus:
+            self._quiet[job.job_id] = (inputs, None, None)
             return None
         forced = cur_cpus > room
         if not forced:
             restart = self.perf.pause_time(job.spec.model) + self.perf.load_time(job.spec.model)
             if now - job.since < LEASE * restart:
+                self._quiet[job.job_id] = (inputs, LEASE * restart, None)
                 return None
             try:
                 old = iteration_time(self.catalog.profile(job.spec.model), ExecutionPlan.parse(cur_plan),
@@ -97,6 +138,7 @@ class RubickPlans:
                 old = float("inf")
             left = max(0.0, job.spec.iterations - job.iterations_at(now))
             if left * (old - t) <= PAYBACK * restart:
+                self._quiet[job.job_id] = (inputs, None, _progress(job))
                 return None
         why = "its CPU share shrank (a partner came)" if forced else "saves more than it costs to restart"
         return Reconfigure(job.job_id, self._exec(job, plan, cpus, len(job.gpus)),
@@ -142,6 +184,22 @@ class RubickPlans:
                           memory_gb_per_gpu=round(mem, 3))
 
 
+def _progress(job: Job) -> tuple:
+    """What a running job's `iterations_at(now)` follows (it never falls as `now` grows while these stand)."""
+    return job.done_iterations, job.progress_time, job.step_time, job.spec.iterations, job.state
+
+
+def _still_quiet(quiet: tuple, job: Job, now: float) -> bool:
+    """Whether `_replan_one`'s None, recorded as `quiet` = (inputs, lease, progress) for the same inputs (GPUs'
+    node shape, CPU room, partner micro-batch, exec, running since), holds at `now`: a plan already the best or none
+    fitting holds for ever; a lease while it lasts; a restart that did not pay back while the job's progress figures
+    stand (its remaining work only shrinks as `now` grows, so the saving only shrinks)."""
+    _, lease, progress = quiet
+    if progress is not None:
+        return progress == _progress(job)
+    return lease is None or now - job.since < lease
+
+
 def _shape(view: ClusterView, gpus) -> tuple[int, ...]:
     count: dict[str, int] = {}
     for g in gpus:
@@ -154,11 +212,15 @@ def _cpu_room(view: ClusterView, gpus, joining: bool = False) -> int:
     """CPUs per GPU a job on `gpus` may use: each GPU's share of its node's CPUs, split among the jobs on it
     (`joining`: the job is not on them yet), the least over its GPUs, capped at CPU_CAP."""
     state = view.cluster_state()
-    share = {n.name: n.cpus // max(n.size, 1) for n in view.nodes()}
+    nodes, on_gpus = state.nodes, state.gpus
     room = CPU_CAP
     for g in gpus:
-        on = len(state.gpus[g].jobs) + (1 if joining else 0)
-        room = min(room, share[view.node_of(g)] // max(on, 1))
+        gpu = on_gpus[g]
+        node = nodes[gpu.node]
+        if not node.alive:
+            raise KeyError(gpu.node)  # (only live nodes have a share)
+        on = len(gpu.jobs) + (1 if joining else 0)
+        room = min(room, node.cpus // max(node.size, 1) // max(on, 1))
     return max(room, MIN_CPUS_PER_GPU)
 
 

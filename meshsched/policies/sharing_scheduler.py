@@ -54,7 +54,8 @@ class SharingPass:
     """One scheduling pass's scratch (kept in `Cycle.scratch`): what the sharing search computes once per pass."""
 
     __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size",
-                 "upcoming", "rest", "total", "lookahead", "judged", "usable", "foreign", "preempting")
+                 "upcoming", "rest", "total", "lookahead", "judged", "usable", "foreign", "preempting",
+                 "rather_preempt")
 
     def __init__(self, state: ClusterState, cycle: Cycle) -> None:
         self.state = state
@@ -78,6 +79,9 @@ class SharingPass:
         # `try_start` for a preemption layer that evicts longer jobs for this one when it is declined: the job
         # being searched may start now that way too (Castor weighs it, castor_preempt)
         self.preempting = False
+        # `place(rather_preempt=...)`: a release pass under a layer that preempts for the jobs named here, the jobs
+        # whose sharing search found preempting better than sharing (`preempting` is then on for every search)
+        self.rather_preempt: set[str] | None = None
 
     def walk(self, queue: Iterator[Job]) -> Iterator[Job]:
         """The queue in order; `peek` may have pulled some of it ahead."""
@@ -130,10 +134,22 @@ class SharingScheduler:
     def queue_key(self, job: Job) -> tuple:
         return (job.remaining_time(job.since), job.spec.submit_time)
 
-    def place(self, view: ClusterView, cycle: Cycle) -> list[Decision]:
+    def place(self, view: ClusterView, cycle: Cycle, rather_preempt: set[str] | None = None) -> list[Decision]:
+        """A pass over the queue: free GPUs, else a sharing search. `rather_preempt` (a release pass of a preemption
+        layer that evicts longer jobs for a job added to it, lazer): each search weighs starting by preemption too,
+        and a job declined because that beats sharing is added to the set."""
         if view.queue_length == 0:
             return []
         ps = self._pass(view, cycle)
+        if rather_preempt is not None and cycle.trigger is not Trigger.ARRIVAL:
+            ps.rather_preempt, ps.preempting = rather_preempt, True
+            try:
+                return self._place_all(view, cycle, ps)
+            finally:
+                ps.rather_preempt, ps.preempting = None, False
+        return self._place_all(view, cycle, ps)
+
+    def _place_all(self, view: ClusterView, cycle: Cycle, ps: SharingPass) -> list[Decision]:
         plan = ps.plan
         total = view.total_gpus
         out: list[Decision] = []

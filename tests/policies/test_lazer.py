@@ -514,9 +514,9 @@ def test_a_sharing_placement_runs_its_own_bounded_release_pass():
         calls["release_try_start"] += cycle.trigger is Trigger.RELEASE
         return try_start(view, cycle, job)
 
-    def counted_place(view, cycle):
+    def counted_place(view, cycle, **kw):
         calls["release_place"] += cycle.trigger is Trigger.RELEASE
-        return place(view, cycle)
+        return place(view, cycle, **kw)
 
     placement.try_start, placement.place = counted_try_start, counted_place
     r = simulate(jobs, stack, perf, ClusterSpec(2, 8, "v100", perf.gpu_memory_mb("v100")))
