@@ -85,7 +85,12 @@ def main() -> None:
 # checkout's module layout (older ones had load_perf_model in meshsched.perf, traces in meshsched.sim, make_policy
 # without a handle). Prints one JSON line.
 _CHILD = """
-import json, sys, time
+import json, os, sys, time
+import meshsched
+# Older checkouts expect setuptools' editable finder to map meshsched.profiles (and .cli, .daemon) to the folders
+# beside meshsched/; under this venv's compat install nothing does, so search the checkout's root as today's does.
+if os.path.dirname(meshsched.__path__[0]) not in meshsched.__path__:
+    meshsched.__path__.append(os.path.dirname(meshsched.__path__[0]))
 try:
     from meshsched.loaders.profiles import load_perf_model, installed_handle
     from meshsched.loaders.traces import TraceOptions, load_trace
@@ -96,7 +101,6 @@ except ImportError:
 from meshsched.perf import DEFAULT_GPU_TYPE
 from meshsched.policies.registry import make_policy
 from meshsched.sim.loop import ClusterSpec, simulate
-import meshsched
 name, trace_name, nodes, per, jobs, load = sys.argv[1:7]
 perf = load_perf_model()
 kw = {} if float(load) == 1.0 else {"load": float(load)}
