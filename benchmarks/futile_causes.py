@@ -1,7 +1,9 @@
-"""Where a stack's futile preemptions come from (issue 26 point 3), on Philly's busy window (unified_eval's
-window-x1.5: the busiest 2,000 jobs at 1.5x on 8 x 8 V100, seed 1, `--plan-jobs 0`).
+"""Where a stack's futile preemptions come from (issue 26 point 3), on a setting of unified_eval: Philly's busy
+window by default (window-x1.5: the busiest 2,000 jobs at 1.5x on 8 x 8 V100), or the full trace at 1x or 1.5x on
+64 x 8 (full-x1, full-x1.5), seed 1, `--plan-jobs 0`.
 
     python benchmarks/futile_causes.py [--policy castor+lazer] [--jobs 2000] [--json]
+    python benchmarks/futile_causes.py --setting full-x1.5 --jobs 20000   # the full trace's first jobs at 1.5x, 64 x 8
 
 One `mesh simulate` run in this process, every pass's decisions read as they leave the stack. Per futile
 preemption (an Evict of a job still loading, Lazer Eq. 2): whether its load was a restart (it had been preempted
@@ -24,11 +26,15 @@ import json
 import sys
 import time
 
-WINDOW = ["--trace", "philly", "--window", "729.865:740", "--load", "1.5", "--nodes", "8", "--plan-jobs", "0",
-          "--seed", "1"]
+COMMON = ["--plan-jobs", "0", "--seed", "1"]
+SETTINGS = {  # as in unified_eval.py
+    "window-x1.5": ["--trace", "philly", "--window", "729.865:740", "--load", "1.5", "--nodes", "8", *COMMON],
+    "full-x1": ["--trace", "philly", "--load", "1", "--nodes", "64", *COMMON],
+    "full-x1.5": ["--trace", "philly", "--load", "1.5", "--nodes", "64", *COMMON],
+}
 
 
-def run(policy: str, jobs: int) -> dict:
+def run(policy: str, jobs: int | None, setting: str = "window-x1.5") -> dict:
     from meshsched.cli.main import main
 
     from meshsched.policies import stack as stack_mod
@@ -91,22 +97,28 @@ def run(policy: str, jobs: int) -> dict:
     cpu = time.process_time()
     try:
         with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
-            main(["simulate", *WINDOW, "--jobs", str(jobs), "--policy", policy, "--json"])
+            main(["simulate", *SETTINGS[setting], *(["--jobs", str(jobs)] if jobs else []), "--policy", policy,
+                  "--json"])
     finally:
         stack_mod.PolicyStack.schedule = inner
     summary = json.loads(buf.getvalue())["policies"][0]
     keep = ("jct_mean_h", "jct_p50_h", "wait_mean_h", "preemptions", "futile_preemptions", "futile_gpu_h", "sim_seconds")
-    return {"policy": policy, **{k: summary[k] for k in keep}, "cpu_s": round(time.process_time() - cpu, 1),
+    return {"policy": policy, "setting": setting, "jobs": jobs, **{k: summary[k] for k in keep}, "cpu_s": round(time.process_time() - cpu, 1),
             "causes": {k: {"count": count[k], "gpu_h": round(gpu_h[k], 4)} for k in sorted(count)}}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policy", default="castor+lazer")
-    ap.add_argument("--jobs", type=int, default=2000)
+    ap.add_argument("--setting", choices=sorted(SETTINGS), default="window-x1.5")
+    ap.add_argument("--jobs", type=int, default=None, help="the first N jobs (default: the window's 2,000; the "
+                                                           "full settings' every job)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    doc = run(a.policy, a.jobs)
+    jobs = a.jobs if a.jobs is not None else 2000 if a.setting == "window-x1.5" else None
+    if jobs is not None and jobs < 1:
+        ap.error("--jobs must be at least 1")
+    doc = run(a.policy, jobs, a.setting)
     if a.json:
         print(json.dumps(doc, indent=1))
         return 0

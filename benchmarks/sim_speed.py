@@ -6,6 +6,8 @@
 `--baseline TREE` (repeatable) replays each policy in TREE too (its meshsched first on the path, older module layouts
 included), right after this tree's, timing the replay alone the same way (wall and CPU seconds, events), so the
 figures come from the same machine in the same run; `vs_baselines_cpu` is this tree's CPU time over each one's.
+With `--repeat N` the trees alternate N times and each one's least CPU time counts (on a shared machine one
+process's time varies by up to ~25 %; the least is the run least disturbed).
 
 Prints one line per policy: wall seconds, CPU seconds (the process's own; on a shared machine the wall time also
 counts waiting for a core), jobs/s, events/s, and the mean JCT (so a speed-up that moved results shows).
@@ -39,7 +41,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=None, help="first N jobs only")
     ap.add_argument("--nodes", type=int, default=64)
     ap.add_argument("--gpus-per-node", type=int, default=8)
-    ap.add_argument("--repeat", type=int, default=1, help="runs per policy; the best is reported")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs per policy, each followed by one of every --baseline; the least CPU time of each "
+                         "tree is reported (with every run's under cpu_s_runs)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--baseline", action="append", default=[],
                     help="another checkout (e.g. a git worktree of 609ef40) to time too, right after this tree "
@@ -58,20 +62,26 @@ def main() -> None:
     if not args.json:
         print(f"{'policy':10s} {'wall s':>7s} {'CPU s':>7s} {'jobs/s':>7s} {'events/s':>8s} {'events':>8s} {'JCT mean h':>10s}")
     for name in args.policies.split(","):
-        best = None
-        for _ in range(args.repeat):
+        best, runs, base_runs = None, [], [[] for _ in args.baseline]
+        for _ in range(args.repeat):  # each repeat times this tree, then every baseline: interleaved
             policy = make_policy(name, installed_handle())  # built outside the timing, as in a baseline
             t0, c0 = time.perf_counter(), time.process_time()
             r = simulate(trace.jobs, policy, perf, cluster)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            if best is None or wall < best[0]:
+            runs.append(round(cpu, 2))
+            if best is None or cpu < best[1]:
                 best = (wall, cpu, r)
+            for i, tree in enumerate(args.baseline):
+                base_runs[i].append(baseline(args, name, tree))
         wall, cpu, r = best
         row = {"policy": name, "jobs": len(trace.jobs), "load": args.load, "wall_s": round(wall, 1),
                "cpu_s": round(cpu, 2), "jobs_per_s": round(len(trace.jobs) / wall), "events": r.events,
                "events_per_s": round(r.events / wall), "jct_mean_h": summarise(r, name).jct_mean_h}
+        if args.repeat > 1:
+            row["cpu_s_runs"] = runs
         if args.baseline:
-            row["baselines"] = [baseline(args, name, tree) for tree in args.baseline]
+            row["baselines"] = [min(b, key=lambda d: d["cpu_s"]) | ({"cpu_s_runs": [d["cpu_s"] for d in b]}
+                                                                     if args.repeat > 1 else {}) for b in base_runs]
             row["vs_baselines_cpu"] = [round(cpu / max(b["cpu_s"], 1e-9), 3) for b in row["baselines"]]
         rows.append(row)
         if not args.json:

@@ -10,10 +10,10 @@ import pytest
 from meshsched import events as ev
 from meshsched.engine import Engine
 from meshsched.estimate import ProfileEstimator
-from meshsched.policies.base import Cycle, Start, Trigger
+from meshsched.policies.base import Cycle, Defer, Evict, Start, Trigger
 from meshsched.policies.lazer import Lazer
 from meshsched.policies.stack import PolicyStack
-from meshsched.state import Job, JobSpec, NodeSpec
+from meshsched.state import Job, JobSpec, JobState, NodeSpec
 from tests.support.fakes import LinearPerf
 
 LOAD, PAUSE = 10.0, 5.0
@@ -85,3 +85,32 @@ def test_two_partners_free_their_gpus_once():
     assert _victims(engine, 4, 1000) is None  # c is shorter than the newcomer: no room
     engine = _engine({"a": (0, 1), "b": (0, 1), "c": (2, 3)}, [("a", 2, 8000), ("b", 2, 7000), ("c", 2, 6000)])
     assert _victims(engine, 4, 1000) == {"a", "b", "c"}
+
+
+def _rescue_names(restarts: int) -> list[str]:
+    """The decisions a release pass's rescue makes for a blocked head `h` (2 GPUs, 1,000 s) when the only longer
+    job, c (2 GPUs, 6,000 s on GPUs 2-3), is still loading after `restarts` starts; a (500 s, GPUs 0-1) is shorter.
+    The stack spares loading jobs at arrivals, so h's own arrival preempts nothing and it waits."""
+    perf = LinearPerf(LOAD, PAUSE)
+    stack = PolicyStack("scripted+lazer", _Scripted({"a": (0, 1), "c": (2, 3)}), Lazer(perf, loading="spare"))
+    engine = Engine(stack, ProfileEstimator(perf))
+    engine.handle(ev.NodeJoined("join", NodeSpec("n0", 4, "fake", 16384)), 0.0)
+    for job_id, secs in (("a", 500), ("c", 6000)):
+        engine.handle(ev.JobSubmitted(f"s-{job_id}", _spec(job_id, 2, secs)), 0.0)
+    engine.handle(ev.JobStarted("l-a", "a"), 0.0)
+    engine.state.jobs["c"].restarts = restarts
+    engine.handle(ev.JobSubmitted("s-h", _spec("h", 2, 1000, submit=1.0)), 1.0)
+    assert engine.state.jobs["h"].state.is_queued and engine.state.jobs["c"].state is JobState.LOADING
+    view = engine.view()
+    out = stack.preemption.schedule(view, Cycle(view, 2.0, Trigger.RELEASE), stack.placement)
+    return [f"{type(d).__name__} {d.job_id} {getattr(d, 'reason', '')}" for d in out if type(d) in (Evict, Defer)]
+
+
+def test_a_release_rescue_spares_a_job_loading_again_after_a_preemption():
+    """Full trace's first 20,000 jobs at 1.5x: 755 of castor+lazer's 780 futile preemptions were of a job
+    restarted at one release and preempted, still loading, by the next release's rescue (7.65 GPU-h against
+    srtf's 19.1). A first load is still taken, last (else a multi-GPU head starves behind a stream of longer jobs
+    each still loading at the next release: test_lazer_starvation)."""
+    first = _rescue_names(restarts=1)
+    assert len(first) == 1 and "c" in first[0], first  # preempted now, or deferred with c as its victim
+    assert _rescue_names(restarts=2) == []
