@@ -14,11 +14,12 @@ decides when free GPUs are short:
 Speed: the holders' arrays (`occupancy.Occupancy`) follow the state's change log instead of being rebuilt;
 xi per (new job's model and batch, sub-batch, host group) and step times per kind of new job are kept in
 stacked tables (`Kinds`); a release pass judges the queued jobs it may search next all at once, grouped by
-kind: a kind's xi, masks and the part of the pair arithmetic that does not depend on the job are computed once,
-over the columns the kind can use, and its jobs get the rest in blocks whose arrays stay in the CPU cache (the
-same element-wise arithmetic, so the same numbers; a host taken in between only drops its column), with the
-share-or-wait flags of every job computed together; the partner search adds the best candidates one by one
-for the first `_ONE_BY_ONE` and otherwise finds where that first holds the job with one count over all prefixes
+kind: a kind's xi, masks and the part of the pair arithmetic that does not depend on the job are computed once
+(what depends on xi only, once for the kinds of one xi), over the columns the kind can use, and its jobs get the
+rest in blocks whose arrays stay in the CPU cache (the same element-wise arithmetic, so the same numbers; a host
+taken in between only drops its column, `_standing`), with the share-or-wait flags of every job computed
+together; the partner search adds the best candidates one by one for the first `_ONE_BY_ONE` (sorting only those
+when there are many) and otherwise finds where that first holds the job with one count over all prefixes
 (`holding_prefix`); an arrival pass skips to the newcomer once nothing before it can start. The arithmetic
 runs over the hosts still alive only (any other column is +inf); a pass stops once the free GPUs and the alive
 hosts' GPUs are fewer than the smallest queued job asks for; a per-node bound on what partners could gather
@@ -29,6 +30,7 @@ those of the one-job-at-a-time search.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,6 +46,35 @@ from meshsched.state import ExecConfig, Job
 
 _ONE_BY_ONE = 16  # partner candidates `_place` adds one by one before it asks `holding_prefix` where to stop
 _CHUNK = 1 << 16  # array elements per block of jobs judged together (a block's temporaries stay in the CPU cache)
+
+
+def _best_first(idx: np.ndarray, vals: np.ndarray, m: int) -> np.ndarray:
+    """The first `m` of `idx` sorted by `vals` (finite; ties in `idx`'s order): those of a stable sort of all of
+    them, from the values up to the m-th smallest only when there are many."""
+    if len(vals) <= 4 * m:
+        return idx[np.argsort(vals, kind="stable")[:m]]
+    near = np.flatnonzero(vals <= np.partition(vals, m - 1)[m - 1])  # the m smallest and any tied with the last
+    return idx[near[np.argsort(vals[near], kind="stable")[:m]]]
+
+
+class KindCols(NamedTuple):
+    """One kind of job B's share of a pass's arithmetic (`Castor._kind_arrays`): the host columns it may take at
+    some sub-batch and, per column, A's type code, solo step time, remaining iterations and end alone; per
+    (sub-batch, column) xi, the pairs that cannot share (None: none), B's solo step time (or one column for all),
+    A's and B's shared step times and A's end when it finishes first."""
+
+    cols: np.ndarray
+    code: np.ndarray
+    ta: np.ndarray
+    ia: np.ndarray
+    end_a: np.ndarray
+    xa: np.ndarray
+    xb: np.ndarray
+    masked: np.ndarray | None  # (flat indices into (sub-batch, column))
+    t_b: np.ndarray
+    ha: np.ndarray
+    hb: np.ndarray
+    ta2: np.ndarray
 
 
 @dataclass
@@ -93,16 +124,19 @@ class Castor(SharingScheduler):
         if out is None or isinstance(out, Wait):
             return out
         blk, j = out
-        best, wait = blk.best[j], blk.wait[j]
+        best, wait = blk.best[j], blk.wait[j]  # (twice the pair's and the wait alternative's, over `blk.cols`)
         foreign = self._foreign_hosts(view, ps, job)
-        if blk.claims == tab.claims and foreign is None:
-            pays, low, count = blk.pays[j] if blk.any_p[j] else None, blk.low[j], blk.count[j]
-        else:  # hosts taken since the judgement are out; every other column's numbers stand (they are per column)
-            feasible = np.isfinite(best) & tab.alive
-            if foreign is not None and feasible.any():  # other users' hosts are out too
-                mine = feasible & ~foreign
+        if foreign is None:
+            got = self._standing(tab, blk, j)
+            if got is None:
+                return None
+            pays, low, count = got
+        else:  # other users' hosts are out too
+            feasible = np.isfinite(best) & tab.alive[blk.cols]
+            if feasible.any():
+                mine = feasible & ~foreign[blk.cols]
                 if not mine.any():
-                    return self.foreign_wait(job, tab.occ.host(int(np.argmax(feasible))).job)
+                    return self.foreign_wait(job, tab.occ.host(int(blk.cols[np.argmax(feasible)])).job)
                 feasible = mine
             if not feasible.any():
                 return None
@@ -110,16 +144,16 @@ class Castor(SharingScheduler):
             if not pays.any():
                 pays, low, count = None, int(np.argmin(np.where(feasible, best, np.inf))), int(feasible.sum())
         if pays is None:
-            return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[low]:.0f}s waiting "
-                                    f"{blk.start_b[j]:.0f}s vs {best[low]:.0f}s shared, best of {count} partners)")
-        idx = np.flatnonzero(pays)
+            return Wait(job.job_id, f"{self.name}: waiting beats sharing (pair mean JCT {wait[low] / 2:.0f}s waiting "
+                                    f"{blk.start_b[j]:.0f}s vs {best[low] / 2:.0f}s shared, best of {count} partners)")
+        at = np.flatnonzero(pays)  # among the block's columns
+        idx, twice = blk.cols[at], best[at]
         if not tab.gathers(plan, need):
             if len(ps.state.gpu_types) > 1:  # (`_place` counts the partners of the best one's GPU type)
                 code = tab.code
-                idx = idx[code[idx] == code[idx[np.argmin(best[idx])]]]
+                idx = idx[code[idx] == code[idx[np.argmin(twice)]]]
             return self._no_fit(job, len(idx))
         per_gpu = max(1, job.spec.batch_size // need)
-        order = idx[np.argsort(best[idx], kind="stable")]  # columns, best pair first (ties: lowest host first)
         ta, ia, node_size, i_b = tab.ta, tab.ia, plan.node_size, blk.i_b[j]
         kt, kind = blk.kinds, blk.kind[j]
         subs, t_alone = kt.subs[kind], kt.t_alone[kind]
@@ -134,7 +168,35 @@ class Castor(SharingScheduler):
             o = theorem1(float(ta[c]), float(ia[c]), xa, t_b, i_b, xb, t_alone[t])
             return BatchChoice(True, b, per_gpu // b, xa, xb, o)
 
-        return self._place(view, ps, job, order, choice, per_gpu, t_alone)
+        return self._place(view, ps, job, idx, twice, choice, per_gpu, t_alone)
+
+    @staticmethod
+    def _standing(tab: HostTable, blk: Judged, j: int):
+        """Row `j`'s judgement with the hosts taken since it was made left out (every other column's numbers stand:
+        they are per column): (pays or None, the lowest column, how many are feasible), the last two for when none
+        pays, in the block's columns; None when no column is left. The same answer as recomputing over the hosts
+        still alive, from the few columns taken since."""
+        pays, low, count = blk.pays[j] if blk.any_p[j] else None, blk.low[j], blk.count[j]
+        if blk.claims == tab.claims:
+            return pays, low, count
+        cols, best = blk.cols, blk.best[j]
+        taken = np.array(tab.taken[blk.claims:])
+        at = np.minimum(np.searchsorted(cols, taken), len(cols) - 1)
+        at = at[(cols[at] == taken) & np.isfinite(best[at])]  # the feasible columns taken since
+        if not len(at):
+            return pays, low, count
+        if count == len(at):
+            return None
+        if pays is not None and pays[at].any():
+            pays = pays.copy()
+            pays[at] = False
+            if not pays.any():
+                pays = None
+        if pays is None and low in at.tolist():
+            feasible = np.isfinite(best)
+            feasible[at] = False
+            low = int(np.argmin(np.where(feasible, best, np.inf)))
+        return pays, low, count - len(at)
 
     def _spent(self, ps: SharingPass, need: int) -> bool:
         tab = ps.table  # free GPUs and those of hosts still alive: what a job can start on, or share (`_share`)
@@ -187,13 +249,17 @@ class Castor(SharingScheduler):
         # Only the hosts still alive (not done, not taken) get the arithmetic, `cols` of all the columns: any other
         # column's best is +inf whatever its numbers (about half the hosts of a busy pass have no work left).
         cols = np.flatnonzero(tab.alive)
-        hosts = (cols, tab.occ.host_group[cols], tab.code[cols], tab.ta[cols], tab.ia[cols])
+        hosts = (cols, tab.occ.host_group[cols], tab.code[cols], tab.ta[cols], tab.ia[cols], tab.end_a[cols])
         by_kind: dict[int, list[int]] = {}
         for n, kid in enumerate(kids):
             by_kind.setdefault(kid, []).append(n)
+        memo: dict = {}
         for kid, ns in by_kind.items():  # a kind's arrays (xi, step times, hosts it may take) are shared by its jobs
-            shared = self._kind_arrays(kt, kid, hosts)
-            step = max(1, _CHUNK // max(1, shared[0].size))  # jobs per block of arrays that stays in cache
+            shared = self._kind_arrays(kt, kid, hosts, memo)
+            if not len(shared.cols):  # no host it may take
+                judged.update((kept[n].job_id, None) for n in ns)
+                continue
+            step = max(1, _CHUNK // max(1, shared.xa.size))  # jobs per block of arrays that stays in cache
             for lo in range(0, len(ns), step):
                 part = ns[lo:lo + step]
                 blk, any_f = self._judge_block(tab, kt, kid, shared, [i_bs[n] for n in part],
@@ -219,96 +285,109 @@ class Castor(SharingScheduler):
         return jobs, aheads
 
     @staticmethod
-    def _kind_arrays(kt: Kinds, kid: int, hosts) -> tuple:
+    def _kind_arrays(kt: Kinds, kid: int, hosts, memo: dict | None = None) -> KindCols:
         """What one kind of job B shares in a pass's arithmetic over the hosts alive (`hosts`: their columns, groups,
-        type codes, step times and remaining iterations): the columns it may take at some sub-batch, and there
-        xi (sub-batch, column), the mask of pairs that cannot share, A's and B's shared step times, A's end when it
-        finishes first and B's iterations by then (`_pair_sums`' first steps, the same operations)."""
-        cols, gidx, code_c, ta, ia = hosts
+        type codes, step times, remaining iterations and ends alone): the columns it may take at some sub-batch,
+        and there the inputs of `_pair_sums` that do not depend on the job (the same operations). `memo` keeps, for
+        the pass, what the kinds of one xi (B's model and per-GPU batch, so the same sub-batches) share."""
         r = kt.nsubs[kid]
         xid = kt.xi_of[kid]
-        xa = np.take(kt.xa[xid, :r], gidx, axis=1)  # (sub-batches, alive hosts)
-        xb = np.take(kt.xb[xid, :r], gidx, axis=1)
-        masked = np.isnan(xa)
+        got = memo.get(xid) if memo is not None else None
+        if got is None:
+            got = Castor._xi_cols(kt, xid, r, hosts)
+            if memo is not None:
+                memo[xid] = got
+        cols, code_c, ta, ia, end_a, xa, xb, masked, ha, ta2 = got
         if len(kt.types) == 1:  # (every job here is profiled on the one type)
             t_b = kt.tb[kid, :r, :]
         else:
             off = ~kt.profiled[kid][code_c]  # hosts of a type B has no profile on cannot take it
-            if off.any():
-                masked |= off[None, :]
             t_b = kt.tb[kid, :r][:, code_c]
+            if off.any():
+                masked = masked | off[None, :]
+                keep = ~masked.all(axis=0)  # (as in `_xi_cols`)
+                if not keep.all():
+                    cols, code_c, ta, ia, end_a = (a[keep] for a in (cols, code_c, ta, ia, end_a))
+                    per_sub = (xa, xb, masked, ha, ta2, t_b)
+                    xa, xb, masked, ha, ta2, t_b = (np.compress(keep, a, axis=1) for a in per_sub)
+        with np.errstate(over="ignore", invalid="ignore"):
+            hb = t_b * xb  # B's shared step time (eq. 15)
+        at = np.flatnonzero(masked)
+        return KindCols(cols, code_c, ta, ia, end_a, xa, xb, at if len(at) else None, t_b, ha, hb, ta2)
+
+    @staticmethod
+    def _xi_cols(kt: Kinds, xid: int, r: int, hosts) -> tuple:
+        """`_kind_arrays`' part that depends on B's xi only: the columns where some sub-batch fits next to A, and
+        there the columns' arrays, xi (sub-batch, column), the pairs that do not fit (NaN xi), A's shared step time
+        and A's end when it finishes first."""
+        cols, gidx, code_c, ta, ia, end_a = hosts
+        xa = np.take(kt.xa[xid, :r], gidx, axis=1)  # (sub-batches, alive hosts)
+        xb = np.take(kt.xb[xid, :r], gidx, axis=1)
+        masked = np.isnan(xa)
         keep = ~masked.all(axis=0)  # columns no sub-batch can use: +inf whatever the numbers, left out
         if not keep.all():
             # (`compress` answers C-contiguous arrays, as `_pair_sums` needs: it writes through `ravel`)
-            cols, ta, ia = cols[keep], ta[keep], ia[keep]
+            cols, code_c, ta, ia, end_a = (a[keep] for a in (cols, code_c, ta, ia, end_a))
             xa, xb, masked = (np.compress(keep, a, axis=1) for a in (xa, xb, masked))
-            if t_b.shape[1] > 1:
-                t_b = np.compress(keep, t_b, axis=1)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            ha, hb = ta * xa, t_b * xb  # shared step times (eq. 14-15)
+        with np.errstate(over="ignore", invalid="ignore"):
+            ha = ta * xa  # A's shared step time (eq. 14)
             ta2 = ha * ia  # A's end when it finishes first
-            q = ta2 / hb  # B's iterations by then
-        return xa, cols, ta, ia, xb, masked, t_b, ha, hb, ta2, q
+        return cols, code_c, ta, ia, end_a, xa, xb, masked, ha, ta2
 
-    def _judge_block(self, tab: HostTable, kt: Kinds, kid: int, shared: tuple, i_bs: list[float], start_b: list[float]
+    def _judge_block(self, tab: HostTable, kt: Kinds, kid: int, k: KindCols, i_bs: list[float], start_b: list[float]
                      ) -> tuple[Judged, list[bool]]:
-        """One block of jobs of one kind: their arithmetic over the kind's columns (`_kind_arrays`)."""
-        xa, cols, ta, ia, xb, masked, t_b, ha, hb, ta2, q = shared
-        code = tab.code
+        """One block of jobs of one kind: their arithmetic over the kind's columns (`_kind_arrays`). The block keeps
+        twice the pair's best mean JCT and twice the wait alternative's (halving changes neither order nor ties)."""
         n = len(i_bs)
         ib = np.array(i_bs)[:, None]
-        if len(kt.types) == 1:
-            t_b_alone = kt.tb[kid, 0, 0]
-        else:
-            t_b_alone = kt.tb[kid, 0][code][None, :]
+        t_b_alone = kt.tb[kid, 0, 0] if len(kt.types) == 1 else kt.tb[kid, 0][k.code][None, :]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            sums = self._pair_sums(ta, ia, ha, hb, ta2, q, t_b, ib[:, :, None], masked)
-            low_sum = (sums[:, 0, :] if sums.shape[1] == 1 else sums.min(axis=1)) / 2
-            if len(cols) == len(code):  # every column alive and usable: no scatter
-                best = low_sum
-            else:
-                best = np.full((n, len(code)), np.inf)
-                best[:, cols] = low_sum
-            wait = (tab.end_a + np.array(start_b)[:, None] + t_b_alone * ib) / 2
+            sums = self._pair_sums(k.ta, k.ia, k.ha, k.hb, k.ta2, k.t_b, ib[:, :, None], k.masked)
+            best = sums[:, 0, :] if sums.shape[1] == 1 else sums.min(axis=1)
+            wait = k.end_a + np.array(start_b)[:, None] + t_b_alone * ib
             feasible = np.isfinite(best)
             pays = feasible & (best < wait)
         any_f, any_p = feasible.any(axis=1).tolist(), pays.any(axis=1).tolist()
-        low = np.where(feasible, best, np.inf).argmin(axis=1).tolist()
         count = feasible.sum(axis=1).tolist()
-        blk = Judged(kt, [kid] * n, i_bs, start_b, cols, xa, xb, sums, best, wait, tab.claims, pays, any_p, low, count)
+        low = (best if min(count) == len(k.cols) else np.where(feasible, best, np.inf)).argmin(axis=1).tolist()
+        blk = Judged(kt, [kid] * n, i_bs, start_b, k.cols, k.xa, k.xb, sums, best, wait, tab.claims, pays, any_p, low,
+                     count)
         return blk, any_f
 
     @staticmethod
-    def _pair_sums(ta, ia, ha, hb, ta2, q, t_b, i_b, masked) -> np.ndarray:
+    def _pair_sums(ta, ia, ha, hb, ta2, t_b, i_b, masked=None) -> np.ndarray:
         """Twice the pair's mean JCT (Theorem 1 at kappa = 0: B starts now) per (job, sub-batch, host), +inf where
-        the pair cannot share; eq. 16-17 where B finishes first, eq. 20-21 where A does. `ta`, `ia`: the hosts';
-        `ha`, `hb` the shared step times, `ta2` A's end when it finishes first, `q` B's iterations by then
-        (`_kind_arrays`). (Called with numpy's divide, invalid and overflow warnings off.)"""
+        the pair cannot share (`masked`: flat indices into (sub-batch, host); None: none); eq. 16-17 where B
+        finishes first, eq. 20-21 where A does. `ta`, `ia`: the hosts'; `ha`, `hb` the shared step times, `ta2` A's
+        end when it finishes first (`_kind_arrays`). (Called with numpy's divide, invalid and overflow warnings
+        off.)"""
         tb1 = hb * i_b  # B's end when it finishes first
-        first_b = ta2 >= tb1
-        x = tb1 / ha
+        x = np.divide(tb1, ha, order="C")  # (C order: `flat` is a view, written through)
+        flat = x.reshape(-1)
         np.subtract(ia, x, out=x)
         np.multiply(ta, x, out=x)
         np.add(tb1, x, out=x)  # A's end when B finishes first
         np.add(x, tb1, out=x)
         # B's end when A finishes first, only where it does (usually a few %): the same operations per element
-        k = np.flatnonzero(~first_b)
+        k = np.flatnonzero(~(ta2 >= tb1))
         if len(k):
             rc, cols = ta2.size, ta2.shape[-1]
-            at = k % rc  # (sub-batch, host) of each element; `ta2`, `q` are (sub-batches, hosts), `t_b` the
+            at = k % rc  # (sub-batch, host) of each element; `ta2`, `hb` are (sub-batches, hosts), `t_b` the
             tb = t_b.ravel()[at // cols if t_b.shape[-1] == 1 else at]  # same or one column; `i_b` (jobs, 1, 1)
             a2 = ta2.ravel()[at]
-            y = i_b.ravel()[k // rc] - q.ravel()[at]
+            y = i_b.ravel()[k // rc] - a2 / hb.ravel()[at]  # B's iterations left when A ends
             np.multiply(tb, y, out=y)
             np.add(a2, y, out=y)
             np.add(a2, y, out=y)
-            np.put(x, k, y)  # (C order, whatever `x`'s layout: `x.ravel()` of a non-contiguous `x` is a copy)
-        np.copyto(x, np.inf, where=masked)
+            flat[k] = y
+        if masked is not None:  # (a few indices: much cheaper than a broadcast mask)
+            flat[(np.arange(len(x))[:, None] * ta2.size + masked).ravel()] = np.inf
         return x
 
     @staticmethod
-    def _add_until_held(occ, pool: dict[str, int], order: np.ndarray, need: int, node_size: int):
-        """The one-by-one search of `_place`, for the nodes it picks (ties go by the pool's order): the first few
+    def _add_until_held(occ, pool: dict[str, int], idx: np.ndarray, twice: np.ndarray, need: int, node_size: int):
+        """The one-by-one search of `_place` over the candidate hosts `idx` (columns, ascending) best pair first
+        (`twice`; ties: lowest column first), for the nodes it picks (ties go by the pool's order): the first few
         candidates one by one (most searches stop there), then up to where `holding_prefix` says it stops. The
         `Spot` (over `pool`, which it adds to), the candidates' GPUs per node and how many were added; None when
         all of them together cannot hold the job."""
@@ -324,15 +403,17 @@ class Castor(SharingScheduler):
                     lst.append((g, h, i))
                 spot.add(node, len(gs))
 
-        cands = order.tolist()
-        for k, i in enumerate(cands[:_ONE_BY_ONE], 1):
+        for k, i in enumerate(_best_first(idx, twice, _ONE_BY_ONE).tolist(), 1):
             add(i)
             if spot.nodes() is not None:
                 return spot, shared_by_node, k
-        tried = holding_prefix(occ, start, order, need, node_size) if len(cands) > _ONE_BY_ONE else None
+        if len(idx) <= _ONE_BY_ONE:
+            return None
+        order = idx[np.argsort(twice, kind="stable")]
+        tried = holding_prefix(occ, start, order, need, node_size)
         if tried is None:
             return None
-        for i in cands[_ONE_BY_ONE:tried]:
+        for i in order[_ONE_BY_ONE:tried].tolist():
             add(i)
         return spot, shared_by_node, tried
 
@@ -373,22 +454,24 @@ class Castor(SharingScheduler):
         return Wait(job.job_id, f"{self.name}: preempting {','.join(v.job_id for v in pre.victims)} beats sharing "
                                 f"(done in {pre.jct:.0f}s alone vs {d:.0f}s shared; JCT added {pre.cost:.0f}s vs {cost:.0f}s)")
 
-    def _place(self, view, ps, job, order: np.ndarray, choice, per_gpu, t_alone):
+    def _place(self, view, ps, job, idx: np.ndarray, twice: np.ndarray, choice, per_gpu, t_alone):
         # Add candidates' GPUs (best pair JCT first) until some compact set of nodes, with its free GPUs, holds
-        # the job. All of a job's GPUs are of one type: the best candidate's. `order`: host columns.
+        # the job. All of a job's GPUs are of one type: the best candidate's. `idx`: host columns (ascending),
+        # `twice` their pairs' mean JCT, twice.
         state, plan, need = ps.state, ps.plan, job.spec.gpus
         tab = ps.table
         occ, code = tab.occ, tab.code
         nodes = state.nodes
-        first = int(order[0])
+        first = int(idx[np.argmin(twice)])  # the best pair (ties: the lowest column)
         gpu_type = tab.host_type(first)
         pool = plan.free_map()
         if len(state.gpu_types) > 1:
-            order = order[code[order] == code[first]]
+            same = code[idx] == code[first]
+            idx, twice = idx[same], twice[same]
             pool = {n: c for n, c in pool.items() if nodes[n].gpu_type == gpu_type}
-        found = self._add_until_held(occ, pool, order, need, plan.node_size)
+        found = self._add_until_held(occ, pool, idx, twice, need, plan.node_size)
         if found is None:
-            return self._no_fit(job, len(order))
+            return self._no_fit(job, len(idx))
         spot, shared_by_node, tried = found
         chosen_nodes = spot.nodes()
         if chosen_nodes is None:

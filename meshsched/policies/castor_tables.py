@@ -125,6 +125,8 @@ class HostTable:
         self.alive = self.ia > 0
         self.free_single = int(occ.host_gpus[self.alive].sum())
         self.claims = 0  # hosts taken in this pass so far
+        self.taken: list[int] = []  # their columns, in the order taken
+        self._single: np.ndarray | None = None  # `gathers`: per live node (and a last slot: none), alive hosts' GPUs
         self._room: tuple[list[int], int, int] | None = None  # `gathers`: per-node counts, most first, and
         # the free and single GPUs when counted
 
@@ -132,7 +134,8 @@ class HostTable:
         """False when no node (no ceil(need / node size) whole nodes) holds `need` GPUs even counting every free
         GPU and every GPU of a host still alive: no set of partners can then hold the job. True: it may. The
         per-node counts are kept, and recounted only when the GPUs taken since could have made the difference
-        (taking k GPUs lowers the sum of the fullest nodes by at most k)."""
+        (taking k GPUs lowers the sum of the fullest nodes by at most k); the alive hosts' share of them follows
+        `claim`, so a recount only adds the free GPUs."""
         want = -(-need // plan.node_size)
         if self._room is not None:
             room, free, single = self._room
@@ -143,13 +146,15 @@ class HostTable:
                 return True
         occ = self.occ
         width = len(occ.node_gpus)
-        alive = np.zeros(len(occ.solo_of) + 1, dtype=bool)  # by a host's first GPU (the last slot: no host)
-        alive[occ.first_gpu(np.flatnonzero(self.alive))] = True
-        per = np.bincount(occ.gpu_node[alive[occ.solo_of]], minlength=width + 1)[:width]
+        if self._single is None:
+            alive = np.zeros(len(occ.solo_of) + 1, dtype=bool)  # by a host's first GPU (the last slot: no host)
+            alive[occ.first_gpu(np.flatnonzero(self.alive))] = True
+            self._single = np.bincount(occ.gpu_node[alive[occ.solo_of]], minlength=width + 1)
+        per = self._single[:width].copy()
         row = occ.node_row
         for name, c in plan.free_map().items():
             per[row[name]] += c
-        room = sorted(per.tolist(), reverse=True)
+        room = np.sort(per)[::-1].tolist()
         self._room = (room, plan.free_total, self.free_single)
         return sum(room[:want]) >= need
 
@@ -159,8 +164,12 @@ class HostTable:
     def claim(self, i: int) -> None:
         if self.alive[i]:
             self.alive[i] = False
-            self.free_single -= int(self.occ.host_gpus[i])
+            occ = self.occ
+            self.free_single -= int(occ.host_gpus[i])
             self.claims += 1
+            self.taken.append(i)
+            if self._single is not None:  # its GPUs leave their nodes' counts (a lost node's: the last slot)
+                np.subtract.at(self._single, occ.gpu_node[list(occ.host(i).gpus)], 1)
 
 
 class Kinds:
@@ -255,10 +264,10 @@ class Kinds:
 
 class Judged:
     """A block of queued jobs' sharing arithmetic in a pass (`Castor._judge`), jobs of one kind, one row per job (a
-    job's judgement is the block and its row): the arrays whose last axis is the host columns `cols` (those alive
-    when judged that the kind may take: xi per (sub-batch, column), the kind's; the pair sums per job), the pair's
-    best mean JCT and the wait alternative's per host (every column), and what `_share` decides on while no host
-    was taken."""
+    job's judgement is the block and its row): arrays whose last axis is the host columns `cols` (those alive when
+    judged that the kind may take; any other column is +inf, never pays): xi per (sub-batch, column), the kind's;
+    per job the pair sums, twice the pair's best mean JCT and twice the wait alternative's, where sharing pays;
+    and what `_share` decides on while no host was taken (`Castor._standing` after some were)."""
 
     __slots__ = ("kinds", "kind", "i_b", "start_b", "cols", "xa", "xb", "sums", "best", "wait", "claims", "pays",
                  "any_p", "low", "count")

@@ -1,8 +1,9 @@
-"""Castor's release-pass arithmetic after its trims (`Castor._kind_arrays` folding the masked pairs into the inputs
-and skipping the mask where no pair is masked, `_pair_sums` then masking nothing) gives the same numbers, bit for
-bit, as the straightforward version kept here (masked pairs set to +inf at the end, every column in full):
-random small clusters of one or two GPU types, dead hosts, pairs that do not fit, kinds without a profile on a
-type, jobs with no iterations left and hosts with odd step times (where the fold does not hold, the mask is used)."""
+"""Castor's release-pass arithmetic after its trims (`Castor._kind_arrays`, its arrays shared by the kinds of one xi
+within a pass, with the columns no sub-batch can use left out; `_judge_block` keeping twice the pair's best and the
+wait alternative's over the block's columns only) gives the same numbers, bit for bit, as the straightforward
+version kept here (masked pairs set to +inf at the end, every column in full, halved): random small clusters of one
+or two GPU types, dead hosts, pairs that do not fit, kinds without a profile on a type, jobs with no iterations left
+and hosts with odd step times."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from meshsched.policies.castor import Castor
 
 
 def _ref_kind_arrays(kt, kid, hosts):
-    cols, gidx, code_c, ta, ia = hosts
+    cols, gidx, code_c, ta, ia, _ = hosts
     r = kt.nsubs[kid]
     xid = kt.xi_of[kid]
     xa = np.take(kt.xa[xid, :r], gidx, axis=1)
@@ -72,6 +73,8 @@ def _cluster(g, types: int, odd: bool, nan_free: bool):
     if types > 1:
         profiled[1, 1] = False  # kind 1 has no profile on type 1
         tb[1, :, 1] = np.nan
+        profiled[2, 0] = False  # nor kind 2 on type 0 (kind 0's xi: their shared arrays, then its own columns)
+        tb[2, :, 0] = np.nan
     kt = SimpleNamespace(types=["v100", "a100"][:types], nsubs=[r, max(1, r - 1), r], xi_of=[0, 1, 0], xa=xa, xb=xb,
                          tb=tb, profiled=profiled)
     code = g.integers(0, types, width)
@@ -84,7 +87,7 @@ def _cluster(g, types: int, odd: bool, nan_free: bool):
         end_a = ta_all * ia_all
     alive = np.flatnonzero(ia_all > 0)
     tab = SimpleNamespace(code=code, end_a=end_a, claims=0)
-    hosts = (alive, g.integers(0, groups, width)[alive], code[alive], ta_all[alive], ia_all[alive])
+    hosts = (alive, g.integers(0, groups, width)[alive], code[alive], ta_all[alive], ia_all[alive], end_a[alive])
     return tab, kt, hosts
 
 
@@ -92,6 +95,7 @@ def _cluster(g, types: int, odd: bool, nan_free: bool):
 def test_trimmed_judgement_matches_the_straightforward_one(seed):
     g = np.random.default_rng(seed)
     tab, kt, hosts = _cluster(g, types=1 + seed % 2, odd=seed % 5 == 4, nan_free=seed % 3 == 0)
+    memo: dict = {}  # (the pass's: kinds 0 and 2 share their xi)
     for kid in range(3):
         n = int(g.integers(1, 5))
         i_bs = [float(v) for v in g.uniform(0, 4e5, n)]
@@ -102,15 +106,22 @@ def test_trimmed_judgement_matches_the_straightforward_one(seed):
         start_b = [float(v) for v in g.uniform(0, 1e5, n)]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             ref_shared = _ref_kind_arrays(kt, kid, hosts)
-            shared = Castor._kind_arrays(kt, kid, hosts)
+            shared = Castor._kind_arrays(kt, kid, hosts, memo)
             want = _ref_block(tab, kt, kid, ref_shared, i_bs, start_b)
-        blk, any_f = Castor._judge_block(Castor, tab, kt, kid, shared, i_bs, start_b)
         sums, best, wait, pays, want_f, want_p, low, count = want
-        assert np.array_equal(shared[1], ref_shared[1])  # the same columns judged
+        cols = shared.cols
+        assert np.array_equal(cols, ref_shared[1])  # the same columns judged
+        if not len(cols):  # (`_judge` judges no job of a kind with no column)
+            assert not want_f.any()
+            continue
+        blk, any_f = Castor._judge_block(Castor, tab, kt, kid, shared, i_bs, start_b)
         assert np.array_equal(blk.sums, sums, equal_nan=True)
         assert any_f == want_f.tolist() and blk.any_p == want_p.tolist() and blk.count == count.tolist()
-        assert blk.low == low.tolist()
+        # the block keeps twice the best and the wait, over its columns (every other column: +inf, never pays)
+        assert (~np.isfinite(np.delete(best, cols, axis=1))).all() and not np.delete(pays, cols, axis=1).any()
         for j in range(n):
-            assert np.array_equal(blk.best[j], best[j], equal_nan=True), j
-            assert np.array_equal(blk.wait[j], wait[j], equal_nan=True), j
-            assert np.array_equal(blk.pays[j], pays[j]), j
+            assert np.array_equal(blk.best[j] / 2, best[j][cols], equal_nan=True), j
+            assert np.array_equal(blk.wait[j] / 2, wait[j][cols], equal_nan=True), j
+            assert np.array_equal(blk.pays[j], pays[j][cols]), j
+            if want_f[j]:  # (a row with no column feasible is not judged: its lowest column is never asked)
+                assert cols[blk.low[j]] == low[j], j
