@@ -341,6 +341,7 @@ class Engine(RecoveryHandlers):
             raise ValueError(f"policy reconfigured {job.job_id} to {d.exec.describe()}: the per-GPU batch per step "
                              f"would change from {current.per_gpu_batch} (the global batch is fixed)")
         job.exec_pending = d.exec
+        self.state.touch(job.job_id)  # what the policies read of its settings changed (`SharingScheduler.micro_batch`)
         actions.append(Reconfigure(job.job_id, d.exec, current.needs_restart(d.exec)))
         self._log(now, stimulus, job, f"reconfigure to {d.exec.describe()}: {d.reason}")
 

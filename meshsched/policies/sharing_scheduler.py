@@ -256,8 +256,10 @@ class SharingScheduler:
 
     @staticmethod
     def micro_batch(job: Job) -> int:
-        """The per-GPU micro-batch the job trains with (its ExecConfig; before any start, its whole per-GPU batch)."""
-        x = job.exec
+        """The per-GPU micro-batch the job trains with, or will once a Reconfigure asked for reaches it (its pending
+        ExecConfig, else its ExecConfig; before any start, its whole per-GPU batch): a partner placed beside a job
+        that is going back to its larger solo micro-batch must fit next to that one."""
+        x = job.exec_pending or job.exec
         return x.micro_batch if x is not None else max(1, job.spec.batch_size // job.spec.gpus)
 
     def _remaining_iters(self, job: Job, now: float) -> float:

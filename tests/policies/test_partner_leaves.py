@@ -107,3 +107,18 @@ def test_simulated_job_trains_at_its_solo_step_time_after_its_partner_finishes(p
     log = [e.message for e in r.engine.explain("B")]
     assert any(m.startswith("reconfigure to micro-batch 64 x 1, MPS 100%") for m in log), log
     assert r.engine.state.jobs["B"].state is JobState.COMPLETED
+
+
+def test_a_newcomer_beside_a_job_going_back_to_solo_fits_next_to_its_solo_micro_batch():
+    """B's partner finished: B goes back to micro-batch 64 (asked for, not yet applied) when C arrives. Castor
+    judged C beside B's squeezed micro-batch (4), started it at 32 next to B's 64, and the simulator failed C,
+    out of GPU memory next to its partner, once loaded (full Philly at 1x, castor+lazer+gimbal: philly-18424)."""
+    from meshsched.actions import Launch
+    from meshsched.perf.memory import pair_fits
+
+    s, squeezed = _squeezed_pair(make_policy("castor", installed_handle()))
+    (rec,) = [a for a in s(ev.JobFinished("fA", "A"), 1000.0) if isinstance(a, Reconfigure)]
+    assert rec.exec.micro_batch == 64 and s.engine.state.jobs["B"].exec.micro_batch == squeezed.micro_batch < 64
+    acts = s(ev.JobSubmitted("sC", JobSpec("C", 1, "recommendation", 32, 30_000, submit_time=1000.0)), 1000.0)
+    beside = [a for a in acts if isinstance(a, Launch) and set(a.gpus) & set(s.engine.state.jobs["B"].gpus)]
+    assert all(pair_fits("a3c", 64, "recommendation", a.exec.micro_batch, 16384) for a in beside), beside
