@@ -261,19 +261,21 @@ class QueueScheduler:
                             decisions.append(Evict(vid, f"{self.name}: preempted for {job.job_id}"))
                             for node in vnodes:
                                 soon[node] = soon.get(node, 0) + 1
-            if spot is None:
-                continue
-            # Reserve the spot: its free GPUs are held back, the GPUs being freed there are promised.
-            for node, count in spot:
-                rest = count - plan.withhold(node, count)
-                if rest:
-                    if soon[node] > rest:
-                        soon[node] -= rest
-                    else:
-                        del soon[node]
-            if self.interval is not None:
-                self._promised[job.job_id] = None
+            if spot is not None:
+                self._reserve(plan, spot, soon, job.job_id)
         return decisions
+
+    def _reserve(self, plan, spot: list[tuple[str, int]], soon: dict[str, int], job_id: str) -> None:
+        """Reserve a spot for a queued job: its free GPUs are held back, the GPUs being freed there are promised."""
+        for node, count in spot:
+            rest = count - plan.withhold(node, count)
+            if rest:
+                if soon[node] > rest:
+                    soon[node] -= rest
+                else:
+                    del soon[node]
+        if self.interval is not None:
+            self._promised[job_id] = None
 
     def _rank_victims(self, view: ClusterView, now: float):
         """The jobs that may be preempted, worst first: SRTF's kept ranked between passes and read lazily (a pass
