@@ -2,16 +2,17 @@
 in one process (timing on a shared machine varies ±25 % between processes, much less within one):
 
     git worktree add /tmp/base HEAD
-    python benchmarks/release_ab.py --base /tmp/base [--passes 80] [--gpus 10240] [--pending 10000]
+    python benchmarks/release_ab.py --base /tmp/base [--passes 80] [--gpus 10240] [--pending 10000] [--json]
 
 The base's castor modules (`--modules`, in import order) are loaded under other names, its Castor placed in a second
 stack on the same snapshot (`decision_latency.build`); the two passes' decisions must be equal. Prints CPU p50 /
-mean / p99 ms of each and the load average. Not a test.
+mean / p99 ms of each and the load average (`--json`: one JSON document). Not a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -43,11 +44,6 @@ def load_base(root: Path, modules: list[str]):
     return mod
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", type=Path, required=True)
@@ -55,6 +51,7 @@ def main() -> int:
     ap.add_argument("--passes", type=int, default=80)
     ap.add_argument("--gpus", type=int, default=10240)
     ap.add_argument("--pending", type=int, default=10000)
+    ap.add_argument("--json", action="store_true", help="print the figures as one JSON document")
     a = ap.parse_args()
     base = load_base(a.base, a.modules.split(","))
     eng = dl.build(a.gpus, a.pending, "castor")
@@ -72,18 +69,24 @@ def main() -> int:
 
     (_, dm), (_, dt) = run(mine), run(theirs)
     if dm != dt:
-        print("decisions differ")
+        print(json.dumps({"decisions_identical": False}) if a.json else "decisions differ")
         return 1
-    print(f"decisions identical: {len(dm)}")
     t: dict[str, list[float]] = {"base": [], "this": []}
     for i in range(a.passes):
         for name, s in ((("base", theirs), ("this", mine)) if i % 2 else (("this", mine), ("base", theirs))):
             t[name].append(run(s)[0])
-    for name, xs in t.items():
-        print(f"{name}: CPU p50 {statistics.median(xs):.2f} mean {statistics.mean(xs):.2f} p99 {pct(xs, 99):.2f} ms "
-              f"(n={len(xs)})")
-    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
-    print(f"p50 this / base {statistics.median(t['this']) / statistics.median(t['base']):.3f}; load average {load}")
+    fig = {name: {"p50_ms": round(statistics.median(xs), 2), "mean_ms": round(statistics.mean(xs), 2),
+                  "p99_ms": round(dl.pct(xs, 99), 2), "n": len(xs)} for name, xs in t.items()}
+    ratio = round(statistics.median(t["this"]) / statistics.median(t["base"]), 3)
+    load = [round(v, 2) for v in os.getloadavg()]
+    if a.json:
+        print(json.dumps({"decisions_identical": True, "decisions": len(dm), "cpu": fig, "p50_this_over_base": ratio,
+                          "load_average": load}, indent=1))
+        return 0
+    print(f"decisions identical: {len(dm)}")
+    for name, f in fig.items():
+        print(f"{name}: CPU p50 {f['p50_ms']:.2f} mean {f['mean_ms']:.2f} p99 {f['p99_ms']:.2f} ms (n={f['n']})")
+    print(f"p50 this / base {ratio:.3f}; load average {', '.join(f'{v:.2f}' for v in load)}")
     return 0
 
 

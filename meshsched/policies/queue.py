@@ -192,11 +192,7 @@ class QueueScheduler:
 
         Failures are monotone down the queue (later jobs have fewer possible victims and the free
         pool only shrinks), so once N GPUs could not be started or made room for, no later job of N
-        or more is tried again in this pass; and until a search succeeds (its victims' GPUs join the
-        pool), a job whose priority bar is no lower than a failed search's is judged against the pool that
-        search reached with every victim added (a later search can reach no more; compact placement only
-        gets easier with more GPUs), not by walking the victims again. `evict_for` limits eviction to one
-        job (the newcomer).
+        or more is tried again in this pass. `evict_for` limits eviction to one job (the newcomer).
         """
         if not self.preemptive:
             return self._start_pass(view, cycle, placement)
@@ -208,7 +204,6 @@ class QueueScheduler:
         victims: list[tuple[tuple, Job]] | None = None  # evictable, worst first
         evicted: set[str] = set()
         nodes_of: dict[str, tuple[str, ...]] = {}  # victim -> its GPUs' nodes (room_by_eviction's memo)
-        reached: tuple[float, dict[str, int]] | None = None  # the last failed room search: its bar, its whole pool
         self._promised.clear()
         no_start = no_evict = total + 1  # smallest demand that could not start / get room in this pass
         newcomer_seen = evict_for is None
@@ -242,18 +237,14 @@ class QueueScheduler:
                 pool[node] = pool.get(node, 0) + n
             spot = plan.compact(pool, need)
             if spot is None and may_evict:
-                bar = (prio := self.order.priority(job, now))[0]
-                if reached is not None and bar >= reached[0] and plan.compact(reached[1], need) is None:
-                    no_evict = need  # not even the room the last failed search reached would hold it
-                    continue
                 if victims is None:
                     victims = self._rank_victims(view, now)
-                spot, chosen = room_by_eviction(view, plan, pool, need, prio, victims, evicted, nodes_of)
+                spot, chosen = room_by_eviction(
+                    view, plan, pool, need, self.order.priority(job, now), victims, evicted, nodes_of
+                )
                 if spot is None:
                     no_evict = need
-                    reached = (bar, pool)  # every victim it could have had added: all a later search can reach
                 else:
-                    reached = None  # GPUs being freed now count in the pool of later searches
                     on_spot = {node for node, _ in spot}
                     for vid, vnodes in chosen:
                         if on_spot.intersection(vnodes):
@@ -261,21 +252,19 @@ class QueueScheduler:
                             decisions.append(Evict(vid, f"{self.name}: preempted for {job.job_id}"))
                             for node in vnodes:
                                 soon[node] = soon.get(node, 0) + 1
-            if spot is not None:
-                self._reserve(plan, spot, soon, job.job_id)
+            if spot is None:
+                continue
+            # Reserve the spot: its free GPUs are held back, the GPUs being freed there are promised.
+            for node, count in spot:
+                rest = count - plan.withhold(node, count)
+                if rest:
+                    if soon[node] > rest:
+                        soon[node] -= rest
+                    else:
+                        del soon[node]
+            if self.interval is not None:
+                self._promised[job.job_id] = None
         return decisions
-
-    def _reserve(self, plan, spot: list[tuple[str, int]], soon: dict[str, int], job_id: str) -> None:
-        """Reserve a spot for a queued job: its free GPUs are held back, the GPUs being freed there are promised."""
-        for node, count in spot:
-            rest = count - plan.withhold(node, count)
-            if rest:
-                if soon[node] > rest:
-                    soon[node] -= rest
-                else:
-                    del soon[node]
-        if self.interval is not None:
-            self._promised[job_id] = None
 
     def _rank_victims(self, view: ClusterView, now: float):
         """The jobs that may be preempted, worst first: SRTF's kept ranked between passes and read lazily (a pass
