@@ -125,9 +125,12 @@ class Engine(RecoveryHandlers):
             self._schedule(trigger, now, event.stimulus_id, actions, event.spec.job_id if submitted else None)
         if self._recalibrate:
             self._calibrate_sharers(now, event.stimulus_id, actions)
-        policy = self.policy
-        timer = self.timers.arm(None if self._no_timer is policy else policy.next_timer(self.view(), now),
-                                control.next_due(), now, trigger is not None)
+        policy, timers, due = self.policy, self.timers, control.next_due()
+        if due is None and self._no_timer is policy and timers.at is None and not timers.deferred:
+            timers.policy_at = None  # (what `arm` would decide: no timer wanted, none armed)
+            return actions
+        timer = timers.arm(None if self._no_timer is policy else policy.next_timer(self.view(), now), due, now,
+                           trigger is not None)
         if timer is not None:
             actions.append(timer)
         return actions
@@ -277,7 +280,8 @@ class Engine(RecoveryHandlers):
         job.progress_time = now
         job.step_time = self._estimate(job)
         self._log(now, e.stimulus_id, job, "loaded; training")
-        self._partners_retimed(job, now, stopped=False)
+        if self.state.shared_gpus:  # (no GPU holds two jobs: nobody trains next to it)
+            self._partners_retimed(job, now, stopped=False)
         if self.policy.calibration is not None and any(len(self.state.gpus[g].jobs) > 1 for g in job.gpus):
             self._recalibrate[job.job_id] = None  # it now trains next to a partner
         return None
@@ -505,7 +509,8 @@ class Engine(RecoveryHandlers):
         job.exec = x = d.exec or ExecConfig.default_for(job.spec)
         job.exec_pending = None
         self._active[job_id] = job
-        self.control.started(job, now)
+        if job.spec.time_limit is not None:  # (job control times only the runs of jobs with a limit)
+            self.control.started(job, now)
         acct = job.acct
         if acct.first_start is None:
             acct.first_start = now
@@ -517,22 +522,24 @@ class Engine(RecoveryHandlers):
     # ---------------------------------------------------------------- helpers
 
     def _enqueue(self, job: Job) -> None:
-        self.waiting.add(job.job_id, self.policy.queue_key(job), job.spec.gpus)
+        spec = job.spec
+        self.waiting.add(spec.job_id, self.policy.queue_key(job), spec.gpus)
 
     def _dequeue(self, job: Job) -> None:
         blocked = self.control.blocked
-        if blocked and blocked.pop(job.job_id, None) is not None:
+        spec = job.spec
+        if blocked and blocked.pop(spec.job_id, None) is not None:
             return  # it was kept out of the queue
         if job.deferred_until is not None:
             job.deferred_until = None
-            self.timers.deferred.pop(job.job_id, None)
-        self.waiting.remove(job.job_id, job.spec.gpus)
+            self.timers.deferred.pop(spec.job_id, None)
+        self.waiting.remove(spec.job_id, spec.gpus)
 
     def _begin_pause(self, job: Job, now: float) -> None:
         """Stop counting `job`'s progress and move it to PAUSING (the caller sends the Preempt)."""
         job.done_iterations = job.iterations_at(now)
         job.progress_time = now
-        if job.state is JobState.RUNNING:
+        if job.state is JobState.RUNNING and self.state.shared_gpus:
             self._partners_retimed(job, now, stopped=True)
         job.transition(JobState.PAUSING, now)
 
@@ -543,17 +550,19 @@ class Engine(RecoveryHandlers):
         return ideal_step_time(self.estimator, self.state, spec)
 
     def _release(self, job: Job, now: float) -> None:
-        if job.state is JobState.RUNNING:  # (a PAUSING job stopped training when it began to pause)
+        if job.state is JobState.RUNNING and self.state.shared_gpus:  # (a PAUSING job stopped training already)
             self._partners_retimed(job, now, stopped=True)
         if self.policy.calibration is not None:
             for g in job.gpus:  # its partners lose it: their packing set changed
                 for other in self.state.gpus[g].jobs:
                     if other != job.job_id:
                         self._recalibrate[other] = None
-        self.state.release(job.job_id, job.gpus)
+        job_id = job.spec.job_id
+        self.state.release(job_id, job.gpus)
         job.gpus = ()
-        self._active.pop(job.job_id, None)
-        self.control.released(job)
+        self._active.pop(job_id, None)
+        if job.spec.time_limit is not None:  # (`_apply_start`)
+            self.control.released(job)
 
     def _complete(self, job: Job, now: float, stimulus: str, message: str) -> None:
         if job.state is JobState.LOADING:  # its JobStarted was lost or overtaken: it did start
@@ -565,7 +574,7 @@ class Engine(RecoveryHandlers):
         job.transition(state, now)
         job.reason = reason
         job.acct.finish_time = now
-        self.control.ended.append(job)
+        self.control.end(job)
         self._log(now, stimulus, job, message)
 
     def _requeue_from_checkpoint(self, job: Job, now: float, stimulus: str, why: str) -> None:

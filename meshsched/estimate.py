@@ -53,7 +53,10 @@ def ideal_step_time(estimator: StepTimeEstimator, state: ClusterState, spec: Job
     if not state.total_gpus:
         return estimator.step_time(spec, "", (spec.gpus,))
     placement = ideal_placement(spec.gpus, state.largest_node)
-    return min(estimator.step_time(spec, t, placement) for t in state.gpu_types)
+    types = state.gpu_types
+    if len(types) == 1:  # (one GPU type: every arrival asks)
+        return estimator.step_time(spec, types[0], placement)
+    return min(estimator.step_time(spec, t, placement) for t in types)
 
 
 def step_time_where(estimator: StepTimeEstimator, state: ClusterState, job: Job) -> float:

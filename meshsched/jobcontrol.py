@@ -75,6 +75,13 @@ class JobControl:
         if spec.array_limit:
             self.array_play.setdefault(spec.array_id, set()).add(spec.job_id)
 
+    def end(self, job: Job) -> None:
+        """`job` reached a terminal state: `settle` admits what waited on it (nothing, unless a job depends on it or
+        it is a task of a throttled array)."""
+        spec = job.spec
+        if spec.array_limit or spec.job_id in self.dependents:
+            self.ended.append(job)
+
     def released(self, job: Job) -> None:
         """`job` let go of its GPUs: its time limit no longer runs."""
         if job.time_limit_at is not None:

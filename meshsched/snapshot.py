@@ -180,6 +180,7 @@ def _fill(data: dict, engine: Engine) -> None:
     st.gpus = [Gpu(i, node, int(local), kind, int(mem), [str(j) for j in jobs])
                for i, (node, local, kind, mem, jobs) in enumerate(data["gpus"])]
     st.drained = {int(g) for g in data["drained"]}
+    st.shared_gpus = sum(len(g.jobs) > 1 for g in st.gpus)
     st.free_by_node = {name: (sum(1 for g in n.gpus if not st.gpus[g].jobs and g not in st.drained)
                               if n.alive else 0) for name, n in st.nodes.items()}
     alive = [n for n in st.nodes.values() if n.alive]

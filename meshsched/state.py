@@ -435,6 +435,7 @@ class ClusterState(ChangeLog):
     gpu_types: tuple[str, ...] = ()  # GPU types of the live nodes (kept by add_node / mark_lost)
     changes: deque = field(default_factory=lambda: deque(maxlen=CHANGE_LOG), repr=False, compare=False)
     drained: set = field(default_factory=set)  # GPUs out of service (meshsched.drain): never free for a new job
+    shared_gpus: int = 0  # GPUs holding two jobs (kept by assign / release): none, and no job has a GPU partner
     # (_free_version, free_by_node, (its nodes with a free GPU, their free GPUs)): `free_summary` between changes
     _free_memo: tuple | None = field(default=None, init=False, repr=False, compare=False)
     _free_version: int = field(default=0, init=False, repr=False, compare=False)  # bumped where free_by_node moves
@@ -511,23 +512,60 @@ class ClusterState(ChangeLog):
 
     def assign(self, job_id: str, gpus: tuple[int, ...]) -> None:
         self.touch(job_id)
+        free = self._free_copy()
         self._free_version += 1
+        fbn = self.free_by_node
+        taken = 0
         for g in gpus:
             gpu = self.gpus[g]
             if len(gpu.jobs) >= MAX_JOBS_PER_GPU:
                 raise InvariantViolation(f"GPU {g} already holds {gpu.jobs}")
-            if not gpu.jobs and g not in self.drained:
-                self.free_by_node[gpu.node] -= 1
+            if not gpu.jobs:
+                if g not in self.drained:
+                    node = gpu.node
+                    n = fbn[node] = fbn[node] - 1
+                    taken += 1
+                    if free is not None:
+                        if n:
+                            free[node] = n
+                        else:
+                            del free[node]
+            else:
+                self.shared_gpus += 1
             gpu.jobs.append(job_id)
+        if free is not None:
+            self._free_memo = (self._free_version, fbn, (free, self._free_memo[2][1] - taken))
 
     def release(self, job_id: str, gpus: tuple[int, ...]) -> None:
         self.touch(job_id)
+        free = self._free_copy()
         self._free_version += 1
+        fbn = self.free_by_node
+        freed = 0
         for g in gpus:
             gpu = self.gpus[g]
             gpu.jobs.remove(job_id)
-            if not gpu.jobs and self.nodes[gpu.node].alive and g not in self.drained:
-                self.free_by_node[gpu.node] += 1
+            if gpu.jobs:
+                self.shared_gpus -= 1
+            elif self.nodes[gpu.node].alive and g not in self.drained:
+                node = gpu.node
+                n = fbn[node] = fbn[node] + 1
+                freed += 1
+                if free is not None:
+                    if n == 1:
+                        free = None  # the node joins the free map, in node order: counted again when asked
+                    else:
+                        free[node] = n
+        if free is not None:
+            self._free_memo = (self._free_version, fbn, (free, self._free_memo[2][1] + freed))
+
+    def _free_copy(self) -> dict[str, int] | None:
+        """A copy of `free_summary`'s map while it is current (None: it is not), for assign / release to move
+        along with `free_by_node` where the nodes keep their order (a copy: a map handed out never changes)."""
+        memo = self._free_memo
+        if memo is not None and memo[0] == self._free_version and memo[1] is self.free_by_node:
+            return dict(memo[2][0])
+        return None
 
     def validate(self) -> None:
         """Check every invariant; raise InvariantViolation naming the first one broken."""
@@ -573,6 +611,8 @@ class ClusterState(ChangeLog):
             if used > node.cpus or memory[name] > node.host_memory_gb + 1e-6:
                 fail(f"node {name}: jobs hold {used} CPUs and {memory[name]:.1f} GB, it has {node.cpus} and "
                      f"{node.host_memory_gb:g} GB")
+        if self.shared_gpus != sum(len(gpu.jobs) > 1 for gpu in self.gpus):
+            fail(f"cached shared_gpus {self.shared_gpus} but {sum(len(g.jobs) > 1 for g in self.gpus)} GPUs hold two jobs")
         alive = [n.size for n in self.nodes.values() if n.alive]
         if (self.total_gpus, self.largest_node) != (sum(alive), max(alive, default=0)):
             fail(f"cached sizes {self.total_gpus}/{self.largest_node} do not match the live nodes")

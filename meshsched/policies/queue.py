@@ -319,21 +319,25 @@ class QueueScheduler:
         counts that no longer fit drop out (with every larger one, once `take` fails), and the starts come in
         the walk's order, with its decisions."""
         plan = cycle.plan
-        total = view.total_gpus
-        self._promised.clear()
-        heads = [(jobs[0], need, 0) for need, jobs in by_need.items() if need <= total and need <= plan.free_total]
-        heapify(heads)
+        if self._promised:
+            self._promised.clear()
+        fits = min(view.total_gpus, plan.free_total)
+        heads = [(jobs[0], need, 0) for need, jobs in by_need.items() if need <= fits]
         decisions: list[Decision] = []
+        if not heads:
+            return decisions  # (no queued GPU count fits what is free: most passes after a finish)
+        heapify(heads)
+        take, name = plan.take, self.name
         while heads:
             entry, need, i = heappop(heads)
             if need > plan.free_total:
                 continue  # (this count no longer fits: its later jobs neither)
-            d = self.try_start(view, cycle, view.job(entry[2]))
-            if d is None:
+            gpus = take(need)  # (`try_start`, inline)
+            if gpus is None:
                 heads = [h for h in heads if h[1] < need]  # monotone: no job of `need` or more fits in this pass
                 heapify(heads)
                 continue
-            decisions.append(d)
+            decisions.append(Start(entry[2], gpus, f"{name}: {need} GPU(s) free"))
             jobs = by_need[need]
             if i + 1 < len(jobs):
                 heappush(heads, (jobs[i + 1], need, i + 1))

@@ -85,8 +85,9 @@ class PolicyStack:
             solo, self._squeezed = solo_reconfigures(view, out)
             if solo:
                 out = [*out, *solo]
-        if not self._squeezed:
-            self._squeezed = any(type(d) in (Start, Reconfigure) and not is_solo(d.exec) for d in out)
+        if not self._squeezed and out:
+            self._squeezed = any(type(d) in (Start, Reconfigure) and d.exec is not None and not is_solo(d.exec)
+                                 for d in out)
         return out
 
     def _with_plans(self, view: ClusterView, now: float, out: list[Decision]) -> list[Decision]:

@@ -129,6 +129,7 @@ def simulate(
     qt, ql, queued = result.queue_times, result.queue_lengths, engine.waiting.entries  # (queued: queue_length's)
     step_at, step_events, step_limit = None, 0, 10 * len(jobs) + 1000  # time-stepped: events at one instant
     pop, push, handle, execute, take_reports = world.pop, world.push, engine.handle, world.execute, world.take_reports
+    due = world.due  # reports due now (`take_reports`; most events re-rate nobody)
     while (item := pop()) is not None:
         now, event = item
         count += 1
@@ -154,13 +155,15 @@ def simulate(
             if step_events > step_limit:
                 raise RuntimeError(f"time step at {now:g} s: over {step_limit} events without time advancing (the "
                                    f"policy preempts and restarts jobs in a loop: preemption is free under these rules)")
-        execute(handle(event, now), now)
+        actions = handle(event, now)
+        if actions:
+            execute(actions, now)
         if gate is not None and not gate.hold and gate.pending:
             raise RuntimeError(f"time step at {now}: its last event ({type(event).__name__}) ran no scheduling pass")
         if after_event is not None:
             after_event(engine)
-        while due := take_reports():  # what the re-rated jobs' SDKs report (its calibration may re-rate more)
-            for report in due:
+        while due and (reports := take_reports()):  # what the re-rated jobs' SDKs report (calibration may re-rate more)
+            for report in reports:
                 count += 1
                 execute(handle(report, now), now)
                 if after_event is not None:

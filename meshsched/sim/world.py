@@ -92,7 +92,7 @@ class SimWorld:
         self.lgrr_switches = 0  # MPS-share changes carried out (each cost LGRR_SWITCH_S)
         self._fit_count = 0
         self._report_count = 0
-        self._due: dict[str, ev.IterationReport] = {}  # reports due now, one per job (the latest): take_reports()
+        self.due: dict[str, ev.IterationReport] = {}  # reports due now, one per job (the latest): take_reports()
         self._now = 0.0  # time of the last event popped
         self._handlers = {Launch: self._launch, Preempt: self._preempt, Kill: self._kill,
                           Reconfigure: self._reconfigure, ScheduleTimer: self._timer, FitModel: self._fit,
@@ -248,8 +248,9 @@ class SimWorld:
         if x.plan is not None and not hasattr(self._perf, "plan_iteration_time"):
             raise RuntimeError(f"a job trains under execution plan {x.plan} but the simulator's performance model "
                                "has no plan model (simulate with meshsched.perf.plans.PlanPerfModel)")
-        x.samples(ranks)  # local_batches must name every rank
-        if is_calibrated(x) and self._mps_share is None:
+        if x.local_batches is not None:
+            x.samples(ranks)  # local_batches must name every rank
+        if self._mps_share is None and is_calibrated(x):
             raise RuntimeError("a job trains under an MPS share or uneven samples but the simulator was given no "
                                "MPS-share model (simulate(..., mps_share=...))")
 
@@ -288,11 +289,12 @@ class SimWorld:
     def take_reports(self) -> list[ev.IterationReport]:
         """The progress reports of jobs re-rated by the last event or actions, for the engine now (the loop
         delivers them after that event, as meshd turns the SDK's next report into an IterationReport)."""
-        due = self._due
+        due = self.due
         if not due:
             return []  # (most events re-rate nobody)
-        self._due = {}
-        return [r for r in due.values() if r.job_id in self._runs]
+        out = [r for r in due.values() if r.job_id in self._runs]
+        due.clear()  # (the same dict: the loop reads it)
+        return out
 
     def sharing_stats(self, job_id: str) -> tuple[bool, float] | None:
         run = self._runs.get(job_id)
@@ -358,12 +360,12 @@ class SimWorld:
         self._report_count += 1
         report = ev.IterationReport(f"report-{self._report_count}", job_id, done, run.step_time)
         if at > self._now:
-            self._due.pop(job_id, None)
+            self.due.pop(job_id, None)
             run.report = self.push(at, report)
         else:
             run.report = 0  # a report pushed before (a restart's) is superseded
-            self._due.pop(job_id, None)
-            self._due[job_id] = report
+            self.due.pop(job_id, None)
+            self.due[job_id] = report
 
     def _calibration_applies(self, run: _Run) -> bool:
         if self._mps_share is None:

@@ -299,6 +299,7 @@ def _stale_cluster_size(c):
 
 CORRUPTIONS = {
     "cached cluster size stale": (_stale_cluster_size, "cached sizes"),
+    "cached shared GPU count stale": (lambda c: setattr(c, "shared_gpus", 1), "cached shared_gpus"),
     "gpu with 3 jobs": (_gpu_with_three_jobs, "holds 3 jobs"),
     "job holds wrong number of GPUs": (_wrong_gpu_count, "holds 1 GPUs, asked for 2"),
     "job holds a GPU twice": (_gpu_held_twice, "holds a GPU twice"),
@@ -337,3 +338,32 @@ def test_validate_accepts_a_legal_mixed_state():
     fin.done_iterations = fin.checkpoint_iterations = 100.0
     c.validate()
     assert c.free_by_node == {"a": 2, "b": 0}
+
+
+def test_free_summary_follows_assign_and_release():
+    """assign / release move the kept free map along (a copy each time) where node order allows: after any mix of
+    starts, shared starts and releases it equals a fresh count, in node order, and a map handed out never changes."""
+    import random
+
+    rng = random.Random(7)
+    c = ClusterState()
+    for name in "dcab":  # node order is join order, not name order
+        c.add_node(NodeSpec(name, 4, "fake", 16384))
+    held: dict[str, tuple[int, ...]] = {}
+    for step in range(400):
+        before = c.free_summary()
+        frozen = (dict(before[0]), before[1])
+        if held and rng.random() < 0.45:
+            job_id = rng.choice(sorted(held))
+            c.release(job_id, held.pop(job_id))
+        else:
+            gpus = tuple(g for g in rng.sample(range(16), rng.randint(1, 3)) if len(c.gpus[g].jobs) < 2)
+            if not gpus:
+                continue
+            held[f"j{step}"] = gpus
+            c.assign(f"j{step}", gpus)
+        assert (before[0], before[1]) == frozen  # handed out: unchanged
+        fresh = {n: k for n, k in c.free_by_node.items() if k}
+        free, total = c.free_summary()
+        assert list(free.items()) == list(fresh.items()) and total == sum(fresh.values())
+        assert c.shared_gpus == sum(len(g.jobs) > 1 for g in c.gpus)

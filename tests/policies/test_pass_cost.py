@@ -104,3 +104,22 @@ def test_a_pass_reads_only_the_jobs_it_tries():
     assert [(type(d), d.job_id) for d in out] == [(Start, "j1"), (Start, "j3")]
     # j2 asks 3 of the 1 left: not read; j3 takes the last GPU: nothing queued fits in none, the walk ends
     assert view.read == ["j1", "j3"]
+
+
+def test_one_node_compact_is_best_fit_in_node_order():
+    """`Planner.compact` for a job that fits one node picks what `fewest_nodes` picks:
+    the first node, in the map's order, of the fewest free GPUs that still hold it (ties by order, not name), and
+    None where no node holds it."""
+    from meshsched.policies.placement import Planner
+
+    state = ClusterState()
+    for name in ("n3", "n1", "n2", "n0"):
+        state.add_node(NodeSpec(name, 8, "v100", 16000))
+    plan = Planner(state)
+    rng = random.Random(3)
+    for _ in range(2000):
+        names = rng.sample(["n0", "n1", "n2", "n3", "n4", "n5"], rng.randint(0, 6))
+        free = {n: rng.randint(0, 8) for n in names}
+        want = rng.randint(1, 8)
+        got = fewest_nodes(free, want)
+        assert plan.compact(free, want) == (got if got is not None and len(got) == 1 else None), (free, want)
