@@ -7,10 +7,10 @@ Only the engine mutates these objects; policies read them through `ClusterView`.
 from __future__ import annotations
 
 import enum
-import operator
 from collections import deque
 from dataclasses import dataclass, field
 
+from meshsched.state_free import FreeMap
 from meshsched.state_log import ChangeLog
 
 
@@ -236,7 +236,6 @@ class ExecConfig:
         return self.local_batches
 
 
-_COUNT = operator.itemgetter(1)  # (node, free count) -> the count: truthy where a GPU is free
 _DEFAULT_EXEC: dict[int, ExecConfig] = {}  # per-GPU batch -> its default ExecConfig (built once: every start asks)
 
 
@@ -422,7 +421,7 @@ class InvariantViolation(AssertionError):
 
 
 @dataclass(slots=True)
-class ClusterState(ChangeLog):
+class ClusterState(ChangeLog, FreeMap):
     """All nodes, GPUs and jobs. `free_by_node` caches how many GPUs of each node hold no job."""
 
     nodes: dict[str, Node] = field(default_factory=dict)
@@ -439,22 +438,6 @@ class ClusterState(ChangeLog):
     # (_free_version, free_by_node, (its nodes with a free GPU, their free GPUs)): `free_summary` between changes
     _free_memo: tuple | None = field(default=None, init=False, repr=False, compare=False)
     _free_version: int = field(default=0, init=False, repr=False, compare=False)  # bumped where free_by_node moves
-
-    def free_nodes(self) -> dict[str, int]:
-        """`free_by_node` without the nodes that have no free GPU, in its order; shared until free GPUs change:
-        read it, copy it to change it."""
-        return self.free_summary()[0]
-
-    def free_summary(self) -> tuple[dict[str, int], int]:
-        """(`free_nodes()`, the free GPUs in all), counted again only after `free_by_node` moved (this class
-        bumps `_free_version` wherever it changes it; whoever replaces the dict starts afresh)."""
-        memo, fbn = self._free_memo, self.free_by_node
-        if memo is not None and memo[0] == self._free_version and memo[1] is fbn:
-            return memo[2]
-        out = dict(filter(_COUNT, fbn.items()))  # the nodes with a free GPU (counts are never negative)
-        got = out, sum(out.values())
-        self._free_memo = (self._free_version, fbn, got)
-        return got
 
     def set_drained(self, gpus: set[int], drained: bool) -> None:
         """Take GPUs out of service or give them back: a drained GPU never counts as free (every placement layer
@@ -558,14 +541,6 @@ class ClusterState(ChangeLog):
                         free[node] = n
         if free is not None:
             self._free_memo = (self._free_version, fbn, (free, self._free_memo[2][1] + freed))
-
-    def _free_copy(self) -> dict[str, int] | None:
-        """A copy of `free_summary`'s map while it is current (None: it is not), for assign / release to move
-        along with `free_by_node` where the nodes keep their order (a copy: a map handed out never changes)."""
-        memo = self._free_memo
-        if memo is not None and memo[0] == self._free_version and memo[1] is self.free_by_node:
-            return dict(memo[2][0])
-        return None
 
     def validate(self) -> None:
         """Check every invariant; raise InvariantViolation naming the first one broken."""

@@ -254,14 +254,7 @@ class QueueScheduler:
                                 soon[node] = soon.get(node, 0) + 1
             if spot is None:
                 continue
-            # Reserve the spot: its free GPUs are held back, the GPUs being freed there are promised.
-            for node, count in spot:
-                rest = count - plan.withhold(node, count)
-                if rest:
-                    if soon[node] > rest:
-                        soon[node] -= rest
-                    else:
-                        del soon[node]
+            _reserve(plan, soon, spot)
             if self.interval is not None:
                 self._promised[job.job_id] = None
         return decisions
@@ -356,6 +349,17 @@ class QueueScheduler:
             ]
             return min(times) if times else None
         return None
+
+
+def _reserve(plan, soon: dict[str, int], spot: list[tuple[str, int]]) -> None:
+    """Reserve `spot` for a waiting job: its free GPUs are held back, the GPUs being freed there are promised."""
+    for node, count in spot:
+        rest = count - plan.withhold(node, count)
+        if rest:
+            if soon[node] > rest:
+                soon[node] -= rest
+            else:
+                del soon[node]
 
 
 _RANKS: dict[type, bool] = {}

@@ -122,14 +122,12 @@ def simulate(
     result = SimResult(engine, cluster, 0)
     for at, said in sorted(events, key=lambda pair: pair[0]):  # stable: ties keep their order
         world.push(at, said)
-    next_arrival = 0
     if jobs:
         world.push(jobs[0].submit_time, ev.JobSubmitted(f"submit-{jobs[0].job_id}", jobs[0]))
-    count, qlen = 0, -1
+    count, qlen, next_arrival = 0, -1, 0
     qt, ql, queued = result.queue_times, result.queue_lengths, engine.waiting.entries  # (queued: queue_length's)
     step_at, step_events, step_limit = None, 0, 10 * len(jobs) + 1000  # time-stepped: events at one instant
     pop, push, handle, execute, take_reports = world.pop, world.push, engine.handle, world.execute, world.take_reports
-    due = world.due  # reports due now (`take_reports`; most events re-rate nobody)
     while (item := pop()) is not None:
         now, event = item
         count += 1
@@ -155,14 +153,13 @@ def simulate(
             if step_events > step_limit:
                 raise RuntimeError(f"time step at {now:g} s: over {step_limit} events without time advancing (the "
                                    f"policy preempts and restarts jobs in a loop: preemption is free under these rules)")
-        actions = handle(event, now)
-        if actions:
+        if actions := handle(event, now):
             execute(actions, now)
         if gate is not None and not gate.hold and gate.pending:
             raise RuntimeError(f"time step at {now}: its last event ({type(event).__name__}) ran no scheduling pass")
         if after_event is not None:
             after_event(engine)
-        while due and (reports := take_reports()):  # what the re-rated jobs' SDKs report (calibration may re-rate more)
+        while world.due and (reports := take_reports()):  # what re-rated jobs' SDKs report (calibration: more)
             for report in reports:
                 count += 1
                 execute(handle(report, now), now)
