@@ -258,6 +258,15 @@ class Cycle:
             plan = self._plan = self._view.planner()
         return plan
 
+    def worst_first(self, order) -> list:
+        """`order.worst_first` over the view's jobs holding GPUs at `now` (a `RanksVictims` order), ranked once per
+        pass: nothing a ranking reads changes during one (callers read the list, never change it)."""
+        key = "worst_first " + order.name
+        got = self.scratch.get(key)
+        if got is None:
+            got = self.scratch[key] = order.worst_first(self._view.holding(), self.now)
+        return got
+
 
 @runtime_checkable
 class PlacementPolicy(Protocol):

@@ -446,7 +446,7 @@ class Castor(SharingScheduler):
         if cost >= wait:
             return Wait(job.job_id, f"{self.name}: waiting beats sharing with {len(shared)} job(s) (JCT added "
                                     f"{wait:.0f}s waiting vs {cost:.0f}s shared)")
-        pre = preemption(view, ps.plan, job, self.preemption_order, self.perf, now, solo) if ps.preempting else None
+        pre = preemption(view, ps.cycle, job, self.preemption_order, self.perf, now, solo) if ps.preempting else None
         if pre is None or cost <= pre.cost:
             return None
         if ps.rather_preempt is not None:  # a release pass: the layer preempts for it after the pass (lazer)

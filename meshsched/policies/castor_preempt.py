@@ -39,12 +39,13 @@ class Preemption:
     cost: float  # jct plus each victim's delay (jct + its own load)
 
 
-def victims_for(view, plan, job: Job, order, now: float) -> tuple[Job, ...]:
+def victims_for(view, cycle, job: Job, order, now: float) -> tuple[Job, ...]:
     """The running jobs the preemption layer would evict to start `job` now (its `order`: strictly longer remaining
     time, longest first, until they and the free GPUs make a compact spot); () when no such set exists."""
     prio = order.priority(job, now)
-    spot, chosen = room_with_partners(view, plan, plan.free_map(), job.spec.gpus, prio,
-                                      order.worst_first(view.holding(), now), set())
+    plan = cycle.plan
+    spot, chosen = room_with_partners(view, plan, plan.free_map(), job.spec.gpus, prio, cycle.worst_first(order),
+                                      set())
     if spot is None:
         return ()
     on_spot = {node for node, _ in spot}
@@ -53,9 +54,10 @@ def victims_for(view, plan, job: Job, order, now: float) -> tuple[Job, ...]:
     return tuple(v for v in chosen if any(gpus[g].node in on_spot and ids.issuperset(gpus[g].jobs) for g in v.gpus))
 
 
-def preemption(view, plan, job: Job, order, perf, now: float, solo_s: float) -> Preemption | None:
-    """Preempting for `job` (solo run `solo_s` seconds), or None when the layer could not make room by it."""
-    victims = victims_for(view, plan, job, order, now)
+def preemption(view, cycle, job: Job, order, perf, now: float, solo_s: float) -> Preemption | None:
+    """Preempting for `job` (solo run `solo_s` seconds) in `cycle`'s pass, or None when the layer could not make room
+    by it."""
+    victims = victims_for(view, cycle, job, order, now)
     if not victims:
         return None
     pause = max(0.0 if v.state is JobState.LOADING else overhead(perf, "pause_time", v.spec.model) for v in victims)

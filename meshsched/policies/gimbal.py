@@ -31,9 +31,9 @@ import itertools
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from meshsched.perf.mps_share import MpsShareModel, Partner, ShareCurve, job_step_s
 from meshsched.policies.gimbal_packing import GpuRef, packing_violation
@@ -53,10 +53,18 @@ class Mechanism(enum.Enum):
     LISS = "liss"  # local samples per step
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class WorkerId:
+class WorkerId(NamedTuple):
+    """A job's rank (a tuple: hashed and compared in C, as runtime maps' keys are on every evaluation)."""
+
     job: str
     rank: int
+
+
+def _keep_hash(obj, fields: tuple) -> int:
+    """hash(fields), kept on the frozen `obj` (its `_hash`; a 0 hash is computed again, harmlessly)."""
+    h = hash(fields)
+    object.__setattr__(obj, "_hash", h)
+    return h
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +110,10 @@ class JobCalibration:
 
     job: str
     settings: tuple[WorkerSetting, ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:  # (kept: searches key their evaluations by calibrations)
+        return self._hash or _keep_hash(self, (self.job, self.settings))
 
     @classmethod
     def even(cls, job: str, global_batch: int, world_size: int, mps_percent: int = MPS_MAX) -> JobCalibration:
@@ -118,6 +130,10 @@ class Calibration:
     """The settings of every job of a packing set."""
 
     jobs: tuple[JobCalibration, ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        return self._hash or _keep_hash(self, self.jobs)
 
     def job(self, job: str) -> JobCalibration:
         for jc in self.jobs:
@@ -130,15 +146,20 @@ class Calibration:
 
     def apply(self, primitives: Iterable[Primitive]) -> Calibration:
         """The calibration after `primitives`; refuses a change of any job's global batch."""
-        new = {jc.job: list(jc.settings) for jc in self.jobs}
+        new: dict[str, list[WorkerSetting]] = {}  # the jobs the primitives change (the others are kept as they are)
         for p in primitives:
-            s = new[p.worker.job][p.worker.rank]
-            new[p.worker.job][p.worker.rank] = (
-                replace(s, mps_percent=p.to) if p.via is Mechanism.LGRR else replace(s, samples=p.to)
+            job, rank = p.worker
+            settings = new.get(job)
+            if settings is None:
+                settings = new[job] = list(self.job(job).settings)
+            s = settings[rank]
+            settings[rank] = (
+                WorkerSetting(p.to, s.samples) if p.via is Mechanism.LGRR else WorkerSetting(s.mps_percent, p.to)
             )
-        out = Calibration(tuple(JobCalibration(jc.job, tuple(new[jc.job])) for jc in self.jobs))
+        out = Calibration(tuple(jc if jc.job not in new else JobCalibration(jc.job, tuple(new[jc.job]))
+                                for jc in self.jobs))
         for before, after in zip(self.jobs, out.jobs):
-            if before.global_batch != after.global_batch:
+            if before is not after and before.global_batch != after.global_batch:
                 raise ValueError(f"job {before.job}: global batch {before.global_batch} -> {after.global_batch}")
         return out
 

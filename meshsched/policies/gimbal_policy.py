@@ -293,7 +293,7 @@ def _drain(packed, cal: Calibration, first: Runtime, runtime_of, stages: dict | 
 def _alone(active, cal: Calibration, alone: set[str], runtime_of) -> Calibration:
     """`cal` with the jobs in `alone` at a full share and their samples balanced by one LISS round."""
     full = Calibration(tuple(
-        JobCalibration(jc.job, tuple(replace(s, mps_percent=MPS_MAX) for s in jc.settings)) if jc.job in alone else jc
+        JobCalibration(jc.job, tuple(WorkerSetting(MPS_MAX, s.samples) for s in jc.settings)) if jc.job in alone else jc
         for jc in cal.jobs))
     rt = runtime_of(active, full)
     return full.apply([p for j in active if j.job in alone for p in liss(j, full, rt)])
@@ -339,8 +339,9 @@ def _corrector(perf_of, xi, model: MpsShareModel, correction, memo: bool):
         key = (tuple(pj.job for pj in active), cal)
         got = seen.get(key)
         if got is None:
-            rt = _runtime(active, perf_of, xi, model, cal, worker_steps)
-            got = Runtime({w: t * correction.get(w, 1.0) for w, t in rt.worker_step_s.items()})
+            got = _runtime(active, perf_of, xi, model, cal, worker_steps)
+            if correction:  # (no reported ranks: the prediction as it is)
+                got = Runtime({w: t * correction.get(w, 1.0) for w, t in got.worker_step_s.items()})
             if memo:
                 seen[key] = got
         return got
@@ -388,7 +389,7 @@ def _one_share_per_job(cal: Calibration) -> Calibration:
     if all(s.mps_percent == jc.settings[0].mps_percent for jc in cal.jobs for s in jc.settings):
         return cal
     return Calibration(tuple(
-        JobCalibration(jc.job, tuple(replace(s, mps_percent=min(t.mps_percent for t in jc.settings))
+        JobCalibration(jc.job, tuple(WorkerSetting(min(t.mps_percent for t in jc.settings), s.samples)
                                      for s in jc.settings))
         for jc in cal.jobs))
 

@@ -352,7 +352,7 @@ class Lazer:
         mode for one call (a release's preemptions: `_rescue` spares, `_preempt_declined` takes them last)."""
         now = cycle.now
         prio = self.order.priority(job, now)
-        ranked = [(p, j) for p, j in self.order.worst_first(view.holding(), now) if j.job_id not in held]
+        ranked = [(p, j) for p, j in cycle.worst_first(self.order) if j.job_id not in held]
         if pool is not None:  # `_rescue`: no job whose state changed at this instant (no preempt-restart cycle)
             ranked = [(p, j) for p, j in ranked if j.since < now]
         mode = loading or self.loading

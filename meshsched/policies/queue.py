@@ -12,7 +12,7 @@ from operator import itemgetter
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from meshsched.policies.abilities import RanksVictims
+from meshsched.policies.abilities import RanksVictims, can
 from meshsched.policies.base import ClusterView, Cycle, Decision, Evict, Start, Trigger
 from meshsched.policies.victim_rank import RemainingRank
 from meshsched.state import Job, JobState
@@ -265,7 +265,7 @@ class QueueScheduler:
         order = self.order
         if type(order) is ShortestRemaining:
             return self._victims.ranked(view, now)
-        return (order.worst_first(view.holding(), now) if _ranks_victims(type(order))
+        return (order.worst_first(view.holding(), now) if can(order, RanksVictims)
                 else worst_first(order, view.holding(), now))
 
     def _start_pass(self, view: ClusterView, cycle: Cycle, placement) -> list[Decision]:
@@ -360,17 +360,6 @@ def _reserve(plan, soon: dict[str, int], spot: list[tuple[str, int]]) -> None:
                 soon[node] -= rest
             else:
                 del soon[node]
-
-
-_RANKS: dict[type, bool] = {}
-
-
-def _ranks_victims(kind: type) -> bool:
-    """isinstance(order, RanksVictims), remembered per class (a Protocol check costs microseconds every pass)."""
-    r = _RANKS.get(kind)
-    if r is None:
-        r = _RANKS[kind] = issubclass(kind, RanksVictims)
-    return r
 
 
 def room_by_eviction(

@@ -28,7 +28,7 @@ import numpy as np
 from meshsched.perf.interference import Interference
 from meshsched.perf.model import PerfModel
 from meshsched.perf.placement import ideal_placement
-from meshsched.policies.abilities import Prefills
+from meshsched.policies.abilities import Prefills, can
 from meshsched.policies.base import ClusterView, Cycle, Decision, Start, Trigger, Wait
 from meshsched.policies.castor_occupancy import FollowingOccupancy
 from meshsched.policies.occupancy import Host, Occupancy
@@ -53,12 +53,13 @@ class ShareRecord:
 class SharingPass:
     """One scheduling pass's scratch (kept in `Cycle.scratch`): what the sharing search computes once per pass."""
 
-    __slots__ = ("state", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size",
+    __slots__ = ("state", "cycle", "plan", "now", "claimed", "hosts", "ahead", "table", "forecast", "by_size",
                  "upcoming", "rest", "total", "lookahead", "judged", "usable", "foreign", "preempting",
                  "rather_preempt")
 
     def __init__(self, state: ClusterState, cycle: Cycle) -> None:
         self.state = state
+        self.cycle = cycle
         self.plan: Planner = cycle.plan
         self.now = cycle.now
         self.claimed: set[int] = set()  # single-job GPUs given to a sharer in this pass
@@ -229,7 +230,7 @@ class SharingScheduler:
         return ps
 
     def _prefill(self, gpu_type: str) -> None:
-        if isinstance(self.interference, Prefills) and gpu_type not in self._prefilled:
+        if gpu_type not in self._prefilled and can(self.interference, Prefills):
             self._prefilled.add(gpu_type)
             self.interference.prefill(gpu_type)
 

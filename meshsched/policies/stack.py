@@ -18,7 +18,7 @@ from meshsched.perf.interference import Interference
 from meshsched.perf.model import PerfModel
 from meshsched.perf.mps_share import MpsShareModel
 from meshsched.perf.plans import PlanCatalog, PlanPerfModel
-from meshsched.policies.abilities import Admits, PlansStarts, RemembersState
+from meshsched.policies.abilities import Admits, PlansStarts, RemembersState, can
 from meshsched.policies.base import (
     CalibrationPolicy, ClusterView, Cycle, Decision, Evict, PlacementPolicy, PlanPolicy, PreemptionPolicy, Reconfigure,
     Start, Trigger,
@@ -93,18 +93,18 @@ class PolicyStack:
     def _with_plans(self, view: ClusterView, now: float, out: list[Decision]) -> list[Decision]:
         """The plan layer's plans for the jobs the pass starts (`PlansStarts`), then its changes to running jobs
         the pass leaves alone (not those it evicts or reconfigures)."""
-        if isinstance(self.plan, PlansStarts):
+        if can(self.plan, PlansStarts):
             out = [self.plan.plan_start(view, d) if type(d) is Start else d for d in out]
         busy = {d.job_id for d in out if type(d) in (Evict, Reconfigure)}
         return out + [d for d in self.plan.replan(view, now) if d.job_id not in busy]
 
     def admission_error(self, view: ClusterView, spec) -> str | None:
         """Why the placement layer could never run `spec` (one line), or None (a layer without the check: None)."""
-        return self.placement.admission_error(view, spec) if isinstance(self.placement, Admits) else None
+        return self.placement.admission_error(view, spec) if can(self.placement, Admits) else None
 
     def remembers(self) -> RemembersState | None:
         """The preemption layer when it can journal its memory as text (`RemembersState`), else None."""
-        return self.preemption if isinstance(self.preemption, RemembersState) else None
+        return self.preemption if can(self.preemption, RemembersState) else None
 
     def calibrate(self, view: ClusterView, job: Job, now: float) -> list[Reconfigure]:
         if self.calibration is None:

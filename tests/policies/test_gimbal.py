@@ -356,3 +356,17 @@ def test_runtime_refuses_impossible_step_times():
     for bad in (-0.1, 0.0, float("nan"), float("inf")):
         with pytest.raises(ValueError):
             Runtime({WorkerId("j", 0): bad})
+
+
+def test_apply_keeps_untouched_jobs_and_equal_calibrations_hash_alike():
+    """`apply` rebuilds only the jobs its primitives change; a calibration's kept hash is its fields' (a search
+    keys evaluations by calibrations: one reached two ways is one entry)."""
+    a, b = JobCalibration.even("a", 8, 2), JobCalibration.even("b", 8, 2)
+    cal = Calibration((a, b))
+    moved = cal.apply([Squeeze(WorkerId("b", 0), Mechanism.LGRR, 50)])
+    assert moved.jobs[0] is a and moved.jobs[1] != b
+    assert moved.job("b").settings[0] == WorkerSetting(50, 4)
+    again = Calibration((JobCalibration.even("a", 8, 2),
+                         JobCalibration("b", (WorkerSetting(50, 4), WorkerSetting(100, 4)))))
+    assert hash(moved) == hash(again) and moved == again and {moved: 1}[again] == 1
+    assert moved != cal and {cal: 1}.get(moved) is None
