@@ -261,11 +261,10 @@ class Cycle:
     def worst_first(self, order) -> list:
         """`order.worst_first` over the view's jobs holding GPUs at `now` (a `RanksVictims` order), ranked once per
         pass: nothing a ranking reads changes during one (callers read the list, never change it)."""
-        key = "worst_first " + order.name
-        got = self.scratch.get(key)
-        if got is None:
-            got = self.scratch[key] = order.worst_first(self._view.holding(), self.now)
-        return got
+        got = self.scratch.get("worst_first")
+        if got is None or got[0] is not order:  # (one order per stack: Castor weighs preemption by Lazer's own)
+            got = self.scratch["worst_first"] = (order, order.worst_first(self._view.holding(), self.now))
+        return got[1]
 
 
 @runtime_checkable
