@@ -132,11 +132,14 @@ def verdict_line(v: dict) -> str:
 
 
 def tree() -> dict:
-    """The commit the runs imported meshsched from and whether its tracked files differed from it (git)."""
-    import meshsched
+    """The commit the runs imported meshsched from and whether its tracked files differed from it (git): asked of a
+    child started as the runs are (`python -c` puts the working directory first: a worktree's own meshsched, not
+    the editable install's this script imported)."""
+    where = subprocess.run([sys.executable, "-c", "import meshsched; print(meshsched.__file__)"], capture_output=True,
+                           text=True, check=False).stdout.strip()
+    cwd = Path(where).resolve().parents[1] if where else Path.cwd()
 
     def git(*args: str) -> str:
-        cwd = Path(meshsched.__file__).resolve().parents[1]
         p = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
         return p.stdout.strip() if p.returncode == 0 else ""
 

@@ -176,6 +176,10 @@ class ClusterView:
         """Some queued job fits the cluster (jobs larger than the cluster never run)."""
         return bool(self._queued_gpus) and min(self._queued_gpus) <= self._state.total_gpus
 
+    def queued_gpu_counts(self) -> Iterable[int]:
+        """The distinct GPU demands in the queue."""
+        return self._queued_gpus.keys()
+
     @property
     def min_queued_gpus(self) -> int:
         """The smallest GPU demand in the queue (0 when the queue is empty)."""
@@ -272,7 +276,8 @@ class PlacementPolicy(Protocol):
     """Admission, placement and sharing: which queued jobs start where (Start / Wait). Never mutates state.
 
     `try_start` places one job on what the pass has left (used by a preemption layer that owns the pass);
-    `monotone` says a failure to place N GPUs means no later job of N or more GPUs can be placed either."""
+    `monotone` says a failure to place N GPUs means no later job of N or more GPUs on as many nodes at fewest can be
+    placed either in the pass (`placement.Unplaced`)."""
 
     name: str
     periodic: bool  # can run every N seconds (`NAME@SECONDS`) instead of on every event

@@ -45,6 +45,7 @@ from meshsched.policies.lazer_opt import (
     mean_interarrival, objective,
 )
 from meshsched.policies.lazer_room import room_with_partners
+from meshsched.policies.placement import Unplaced
 from meshsched.policies.queue import ShortestRemaining
 from meshsched.policies.sharing_scheduler import SharingScheduler
 from meshsched.state import Job, JobState
@@ -208,18 +209,19 @@ class Lazer:
         if isinstance(placement, SharingScheduler):
             out.extend(placement.place(view, cycle, rather_preempt=declined))
             return declined
-        no_start = view.total_gpus + 1  # a monotone placement that failed N GPUs fails every larger job
+        # a monotone placement that failed N GPUs fails every larger job on as many nodes (`Unplaced`)
+        no_start = Unplaced(cycle.plan.node_size, view.queued_gpu_counts(), view.total_gpus)
         for job in view.queue():
             need = job.spec.gpus
-            if need >= no_start:
-                if no_start <= view.min_queued_gpus:
-                    break
+            if no_start.blocks(need):
                 continue
             d = placement.try_start(view, cycle, job)
             if isinstance(d, Start):
                 out.append(d)
             elif placement.monotone:
-                no_start = need
+                no_start.failed(need)
+                if no_start.every:
+                    break
         return declined
 
     def _preempt_declined(self, view, cycle, placement, declined: set[str], mem: LazerMemory, evicted: set[str],

@@ -146,3 +146,40 @@ class Planner:
         self._taken.update(picked)
         self.free_total -= want
         return tuple(picked)
+
+
+class Unplaced:
+    """The GPU counts one pass could not place, for a placement whose failures are monotone (`monotone`).
+
+    With compact placement a count of N GPUs goes on m = ceil(N / node size) nodes at fewest and fits exactly
+    when the m nodes with the most free GPUs hold N; the free GPUs only shrink in a pass. So a failure at N on m
+    nodes says those m nodes hold N - 1 at most, and any j >= m nodes j (N - 1) / m at most (each node past the
+    m-th holds no more than their mean): a count M on j nodes is ruled out when M m > j (N - 1). On as many nodes
+    that is every count of N or more; on more nodes, not always: 8 GPUs do not fit where two nodes have 6 free
+    each, 12 do (and 16 do not). `blocks(n)`: whether n is ruled out; `every` (after `failed`): whether every
+    queued count is."""
+
+    __slots__ = ("_size", "_least", "_queued", "_total", "every")
+
+    def __init__(self, node_size: int, queued, total: int) -> None:
+        self._size = max(node_size, 1)
+        self._least: dict[int, int] = {}  # nodes spanned -> the least count that failed on that many
+        self._queued = queued  # the queue's distinct GPU counts (read at each failure)
+        self._total = total  # GPUs in the cluster: a larger count never runs (the walks pass it by)
+        self.every = False
+
+    def blocks(self, need: int) -> bool:
+        least = self._least
+        if not least:
+            return False
+        j = -(-need // self._size)
+        for m, n in least.items():
+            if m <= j and need * m > j * (n - 1):
+                return True
+        return False
+
+    def failed(self, need: int) -> None:
+        span = -(-need // self._size)
+        if need < self._least.get(span, need + 1):
+            self._least[span] = need
+            self.every = all(n > self._total or self.blocks(n) for n in self._queued)

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from meshsched.policies.abilities import RanksVictims, can
 from meshsched.policies.base import ClusterView, Cycle, Decision, Evict, Start, Trigger
+from meshsched.policies.placement import Unplaced
 from meshsched.policies.victim_rank import RemainingRank
 from meshsched.state import Job, JobState
 
@@ -192,20 +193,22 @@ class QueueScheduler:
 
         Failures are monotone down the queue (later jobs have fewer possible victims and the free
         pool only shrinks), so once N GPUs could not be started or made room for, no later job of N
-        or more is tried again in this pass. `evict_for` limits eviction to one job (the newcomer).
+        or more on as many nodes is tried again in this pass (`Unplaced`). `evict_for` limits eviction to one
+        job (the newcomer).
         """
         if not self.preemptive:
             return self._start_pass(view, cycle, placement)
         now, plan = cycle.now, cycle.plan
         monotone = placement.monotone
         soon = view.pausing_by_node()
-        min_need, total = view.min_queued_gpus, view.total_gpus
+        total = view.total_gpus
         decisions: list[Decision] = []
         victims: list[tuple[tuple, Job]] | None = None  # evictable, worst first
         evicted: set[str] = set()
         nodes_of: dict[str, tuple[str, ...]] = {}  # victim -> its GPUs' nodes (room_by_eviction's memo)
         self._promised.clear()
-        no_start = no_evict = total + 1  # smallest demand that could not start / get room in this pass
+        counts = view.queued_gpu_counts()
+        no_start, no_evict = Unplaced(plan.node_size, counts, total), Unplaced(plan.node_size, counts, total)
         newcomer_seen = evict_for is None
         for job in view.queue():
             need = job.spec.gpus
@@ -213,7 +216,7 @@ class QueueScheduler:
                 continue  # unschedulable here; never blocks the queue
             if job.job_id == evict_for:
                 newcomer_seen = True
-            if need < no_start:
+            if not no_start.blocks(need):
                 d = placement.try_start(view, cycle, job)
                 if isinstance(d, Start):
                     decisions.append(d)
@@ -221,14 +224,10 @@ class QueueScheduler:
                 if d is not None:
                     decisions.append(d)  # Wait: the placement layer's pending reason (an eviction may follow)
                 if monotone:
-                    no_start = need
-            if not self.preemptive:
-                if self.strict or no_start <= min_need:
-                    break
-                continue
-            may_evict = need < no_evict and (evict_for is None or job.job_id == evict_for)
+                    no_start.failed(need)
+            may_evict = not no_evict.blocks(need) and (evict_for is None or job.job_id == evict_for)
             if not may_evict and not soon:
-                if no_start <= min_need and newcomer_seen and (evict_for is not None or no_evict <= min_need):
+                if no_start.every and newcomer_seen and (evict_for is not None or no_evict.every):
                     break  # nothing later in the queue can start or make room
                 continue
             # Is room coming (checkpoints being saved), or can evictions make it?
@@ -243,7 +242,7 @@ class QueueScheduler:
                     view, plan, pool, need, self.order.priority(job, now), victims, evicted, nodes_of
                 )
                 if spot is None:
-                    no_evict = need
+                    no_evict.failed(need)
                 else:
                     on_spot = {node for node, _ in spot}
                     for vid, vnodes in chosen:
@@ -282,11 +281,11 @@ class QueueScheduler:
         total = view.total_gpus
         decisions: list[Decision] = []
         self._promised.clear()
-        no_start = total + 1  # smallest demand that could not start in this pass
+        no_start = Unplaced(cycle.plan.node_size, view.queued_gpu_counts(), total)
         for job_id, need in view.queue_demands():
             if need > total:
                 continue  # unschedulable here; never blocks the queue
-            if need < no_start:
+            if not no_start.blocks(need):
                 if own and need > plan.free_total:
                     d = None
                 else:
@@ -299,18 +298,18 @@ class QueueScheduler:
                     if d is not None:
                         decisions.append(d)
                 if placement.monotone:
-                    no_start = need
-            if strict or no_start <= min_need:
+                    no_start.failed(need)
+            if strict or no_start.every:
                 break
         return decisions
 
     def _start_by_need(self, view: ClusterView, cycle: Cycle, by_need) -> list[Decision]:
         """`_start_pass` with this scheduler's own `try_start`, backfilling, without walking the queue: the queue's
         jobs of each GPU count in queue order (`view.queue_by_need`), merged by a heap of each count's next job.
-        The walk would start a job exactly when its count still fits (failures are monotone in the count and the
-        free GPUs only shrink in a pass), so the next start is the best queued job of a count that still fits:
-        counts that no longer fit drop out (with every larger one, once `take` fails), and the starts come in
-        the walk's order, with its decisions."""
+        The walk would start a job exactly when its count still fits (failures are monotone in the count on as
+        many nodes, and the free GPUs only shrink in a pass), so the next start is the best queued job of a count
+        that still fits: counts that no longer fit drop out (with every larger one on as many nodes, once `take`
+        fails), and the starts come in the walk's order, with its decisions."""
         plan = cycle.plan
         if self._promised:
             self._promised.clear()
@@ -320,14 +319,15 @@ class QueueScheduler:
         if not heads:
             return decisions  # (no queued GPU count fits what is free: most passes after a finish)
         heapify(heads)
-        take, name = plan.take, self.name
+        take, name, unplaced = plan.take, self.name, Unplaced(plan.node_size, (), fits)
         while heads:
             entry, need, i = heappop(heads)
             if need > plan.free_total:
                 continue  # (this count no longer fits: its later jobs neither)
             gpus = take(need)  # (`try_start`, inline)
-            if gpus is None:
-                heads = [h for h in heads if h[1] < need]  # monotone: no job of `need` or more fits in this pass
+            if gpus is None:  # what this failure rules out for the rest of the pass (`Unplaced`)
+                unplaced.failed(need)
+                heads = [h for h in heads if not unplaced.blocks(h[1])]
                 heapify(heads)
                 continue
             decisions.append(Start(entry[2], gpus, f"{name}: {need} GPU(s) free"))
