@@ -172,8 +172,8 @@ class Unplaced:
         least = self._least
         if not least:
             return False
-        j = -(-need // self._size)
-        for m, n in least.items():
+        j = -(-need // self._size)  # (Planner.compact's `most`)
+        for m, n in least.items():  # (a loop, not any(): asked for every queued job a preemptive pass walks)
             if m <= j and need * m > j * (n - 1):
                 return True
         return False

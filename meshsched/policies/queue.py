@@ -139,7 +139,7 @@ class QueueScheduler:
 
     @property
     def monotone(self) -> bool:
-        return True  # starts only on free GPUs: failing N GPUs means failing every larger job too
+        return True  # starts only on free GPUs, compactly: failing N GPUs rules out larger jobs as `Unplaced` says
 
     def queue_key(self, job: Job) -> tuple:
         return self.order.priority(job, job.since)
