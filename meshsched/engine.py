@@ -122,7 +122,8 @@ class Engine(RecoveryHandlers):
             if trigger is None:
                 trigger = Trigger.RELEASE  # jobs whose dependencies were met joined the queue
         if trigger is not None and not (submitted and settled and self._starts_nothing(event.spec)):
-            self._schedule(trigger, now, event.stimulus_id, actions, event.spec.job_id if submitted else None)
+            self._schedule(trigger, now, event.stimulus_id, actions, event.spec.job_id if submitted else None,
+                           submitted and settled and self._alone_placeable(event.spec))
         if self._recalibrate:
             self._calibrate_sharers(now, event.stimulus_id, actions)
         policy, timers, due = self.policy, self.timers, control.next_due()
@@ -192,10 +193,13 @@ class Engine(RecoveryHandlers):
         return self._greedy_is
 
     def _starts_nothing(self, spec: JobSpec) -> bool:
-        """Whether the pass after `spec`'s arrival, the queue settled before it, would decide nothing
-        (meshsched.greedy); never with drained GPUs (a start they refuse is logged at every pass)."""
-        return self._greedy() and not self.state.drained and spec.job_id in self.waiting.keys and \
-            stock_pass(self.policy) and cannot_start(self.state, spec.gpus)
+        """Whether the pass after `spec`'s arrival, the queue settled before it, would decide nothing (greedy.py)."""
+        return self._alone_placeable(spec) and stock_pass(self.policy) and cannot_start(self.state, spec.gpus)
+
+    def _alone_placeable(self, spec: JobSpec) -> bool:
+        """The queue settled, whether only the newcomer may start (greedy.py); never with drained GPUs (a start
+        they refuse is logged at every pass)."""
+        return self._greedy() and not self.state.drained and spec.job_id in self.waiting.keys
 
     def take_changed(self) -> list[str]:
         """The ids of every job the engine changed (state, reason, placement, exec config, held, progress) since
@@ -208,16 +212,15 @@ class Engine(RecoveryHandlers):
 
     # ---------------------------------------------------------------- queries
 
-    def view(self, arrived: str | None = None) -> ClusterView:
-        """The policy's view (its containers are the engine's own, so one view serves until memory or model move)."""
+    def view(self, arrived: str | None = None, settled: bool = False) -> ClusterView:
+        """The policy's view (the engine's own containers: one serves until memory or model move; ClusterView)."""
         v = self._view
-        if v is not None and v.memory is self.memory and v.model is self.model:
-            v.arrived = arrived
-            return v
-        w = self.waiting
-        self._view = ClusterView(self.state, w.entries, self._active, w.sizes, arrived, self.memory, self.model,
-                                 w.needs, w.keys, w.by_need)
-        return self._view
+        if v is None or v.memory is not self.memory or v.model is not self.model:
+            w = self.waiting
+            v = self._view = ClusterView(self.state, w.entries, self._active, w.sizes, None, self.memory, self.model,
+                                         w.needs, w.keys, w.by_need)
+        v.arrived, v.settled = arrived, settled
+        return v
 
     def queued(self) -> Iterator[Job]:
         return self.view().queue()
@@ -250,7 +253,7 @@ class Engine(RecoveryHandlers):
         spec = e.spec
         if spec.job_id in self.state.jobs:
             raise ValueError(f"job {spec.job_id} already exists")
-        job = Job(spec, ideal_step_time=self._ideal_step_time(spec), since=now, progress_time=now)
+        job = Job(spec, ideal_step_time=ideal_step_time(self.estimator, self.state, spec), since=now, progress_time=now)
         self.state.jobs[spec.job_id] = job
         refused = admission.refusal(self.state, self.policy, self.view(), spec)  # GPUs: a node may join
         if refused is not None:  # it could never run: fail it now rather than queue it for ever
@@ -439,13 +442,12 @@ class Engine(RecoveryHandlers):
 
     # ---------------------------------------------------------------- scheduling
 
-    def _schedule(
-        self, trigger: Trigger, now: float, stimulus: str, actions: list[Action], stimulus_job: str | None = None
-    ) -> None:
+    def _schedule(self, trigger: Trigger, now: float, stimulus: str, actions: list[Action],
+                  stimulus_job: str | None = None, settled: bool = False) -> None:
         state = self.state
         jobs, control = state.jobs, self.control
         arrived = stimulus_job if trigger is Trigger.ARRIVAL else None
-        for d in self.policy.schedule(self.view(arrived), now, trigger):
+        for d in self.policy.schedule(self.view(arrived, settled and arrived is not None), now, trigger):
             kind = type(d)
             if kind is Remember:
                 self.memory = d.memory
@@ -545,9 +547,6 @@ class Engine(RecoveryHandlers):
 
     def _estimate(self, job: Job) -> float:
         return step_time_where(self.estimator, self.state, job)
-
-    def _ideal_step_time(self, spec: JobSpec) -> float:
-        return ideal_step_time(self.estimator, self.state, spec)
 
     def _release(self, job: Job, now: float) -> None:
         if job.state is JobState.RUNNING and self.state.shared_gpus:  # (a PAUSING job stopped training already)

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from meshsched import events as ev
 from meshsched.actions import Action
+from meshsched.estimate import ideal_step_time
 from meshsched.jobcontrol import controlled
 from meshsched.policies.base import Trigger
 from meshsched.state import ExecConfig, Job, JobState
@@ -22,8 +23,8 @@ class RecoveryHandlers:
             raise ValueError(f"job {spec.job_id} already exists")
         ckpt = min(float(spec.iterations), max(0.0, e.checkpoint_iterations))
         state = JobState.PREEMPTED if e.preempted else JobState.PENDING
-        job = Job(spec, ideal_step_time=self._ideal_step_time(spec), state=state, since=now, progress_time=now,
-                  done_iterations=ckpt, checkpoint_iterations=ckpt, restarts=e.restarts)
+        job = Job(spec, ideal_step_time=ideal_step_time(self.estimator, self.state, spec), state=state, since=now,
+                  progress_time=now, done_iterations=ckpt, checkpoint_iterations=ckpt, restarts=e.restarts)
         self.state.jobs[spec.job_id] = job
         if e.held or controlled(spec):
             job.held = e.held
@@ -39,8 +40,8 @@ class RecoveryHandlers:
             raise ValueError(f"job {spec.job_id} already exists")
         ckpt = min(float(spec.iterations), max(0.0, e.checkpoint_iterations))
         done = min(float(spec.iterations), max(ckpt, e.done_iterations))
-        job = Job(spec, ideal_step_time=self._ideal_step_time(spec), state=JobState.RUNNING, since=now,
-                  progress_time=now, done_iterations=done, checkpoint_iterations=ckpt, restarts=e.restarts)
+        job = Job(spec, ideal_step_time=ideal_step_time(self.estimator, self.state, spec), state=JobState.RUNNING,
+                  since=now, progress_time=now, done_iterations=done, checkpoint_iterations=ckpt, restarts=e.restarts)
         self.state.assign(spec.job_id, e.gpus)
         job.gpus = e.gpus
         job.exec = e.exec or ExecConfig.default_for(spec)

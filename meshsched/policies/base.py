@@ -105,7 +105,7 @@ class ClusterView:
     """
 
     __slots__ = ("_state", "_queue", "_active", "_queued_gpus", "arrived", "memory", "model", "_needs", "_qkey",
-                 "_pausing", "_by_need")
+                 "_pausing", "_by_need", "settled")
 
     def __init__(
         self,
@@ -125,11 +125,14 @@ class ClusterView:
         self._active = active
         self._queued_gpus = queued_gpus
         self.arrived = arrived  # on Trigger.ARRIVAL: the job that just arrived
+        # With `arrived`: the engine knows no other queued job can be placed on the free GPUs now (its last pass was
+        # a greedy stack's, and since then only this job joined the queue and no GPU came free: meshsched.greedy)
+        self.settled = False
         self.memory = memory  # the preemption layer's memory in engine state (`Remember`), None at first
         self.model = model  # the latest model a `RequestFit` produced (ModelFitted), None before one
         self._needs = needs  # GPUs asked for, in queue order (kept by the engine)
         self._qkey = qkey  # job -> its (key, seq) in the queue
-        self._pausing: tuple[int, dict[str, int]] | None = None  # (state version, pausing_by_node then)
+        self._pausing: tuple[int, dict[str, int], set[str]] | None = None  # (version, pausing_by_node, its jobs)
         self._by_need = by_need  # GPU count -> the queue's entries of that many, in queue order (kept by the engine)
 
     def queue(self) -> Iterator[Job]:
@@ -205,17 +208,31 @@ class ClusterView:
         again only after the state's version moved: every start, pause and release touches it)."""
         state = self._state
         memo = self._pausing
-        if memo is not None and memo[0] == state.version:
-            return dict(memo[1])
-        out: dict[str, int] = {}
-        gpus = state.gpus
         pausing = JobState.PAUSING
-        for j in self._active.values():
+        if memo is not None:
+            if memo[0] == state.version:
+                return dict(memo[1])
+            # most changes (starts, finishes) neither begin nor end a pause: the count stands (the change log names
+            # every job whose state or GPUs moved)
+            changed = state.changed_since(memo[0])
+            if changed is not None:
+                was, jobs = memo[2], state.jobs
+                for jid in changed:
+                    if jid in was or ((j := jobs.get(jid)) is not None and j.state is pausing):
+                        break
+                else:
+                    self._pausing = (state.version, memo[1], was)
+                    return dict(memo[1])
+        out: dict[str, int] = {}
+        ids: set[str] = set()
+        gpus = state.gpus
+        for j in self._active.values():  # (in start order: the order the nodes join a pool)
             if j.state is pausing:
+                ids.add(j.spec.job_id)
                 for g in j.gpus:
                     node = gpus[g].node
                     out[node] = out.get(node, 0) + 1
-        self._pausing = (state.version, out)
+        self._pausing = (state.version, out, ids)
         return dict(out)
 
     def nodes(self) -> list[Node]:

@@ -50,13 +50,12 @@ def fewest_nodes(free: dict[str, int], want: int, most: int | None = None) -> li
 
 
 _count_then_name = itemgetter(1, 0)
-_count = itemgetter(1)
 
 
 class Planner:
     """Scratch allocation of free GPUs during one scheduling pass; the state is not touched."""
 
-    __slots__ = ("_state", "_free", "_own", "_taken", "_node_size", "_type", "free_total")
+    __slots__ = ("_state", "_free", "_own", "_taken", "_node_size", "_type", "free_total", "_top")
 
     def __init__(self, state: ClusterState) -> None:
         self._state = state
@@ -66,9 +65,11 @@ class Planner:
         self._taken: set[int] = set()
         self._node_size = max(state.largest_node, 1)
         self._type = {n.name: n.gpu_type for n in state.nodes.values()} if len(state.gpu_types) > 1 else None
+        self._top = -1  # the most free GPUs on one node, once `take` needed it (-1: not known since the last claim)
 
     def _claim(self) -> dict[str, int]:
         """This pass's own free map, to change (copied from the state's at the first claim)."""
+        self._top = -1
         if not self._own:
             self._free, self._own = dict(self._free), True
         return self._free
@@ -85,15 +86,19 @@ class Planner:
         """`fewest_nodes` over a hypothetical free map, None unless it is as compact as `take` requires."""
         if want <= self._node_size:  # one node: best fit
             if free:  # the first of the fullest nodes, when even that one holds `want` (always for one GPU)
-                first = min(free.items(), key=_count)
-                if first[1] >= want:
-                    return [(first[0], want)]
+                least = min(free.values())
+                if least >= want:
+                    for name, n in free.items():
+                        if n == least:
+                            return [(name, want)]
             best, best_free = None, 1 << 30
             for name, n in free.items():
                 if want <= n < best_free:
                     best, best_free = name, n
             return None if best is None else [(best, want)]
         most = -(-want // self._node_size)
+        if most * max(free.values(), default=0) < want:
+            return None  # (`most` nodes hold `want` nowhere: no plan that compact, whatever the GPU types)
         if self._type is None:
             return fewest_nodes(free, want, most)
         best = None
@@ -125,6 +130,12 @@ class Planner:
 
     def take(self, want: int) -> tuple[int, ...] | None:
         """Reserve `want` free GPUs on the fewest nodes; None if they cannot be had that compactly now."""
+        top = self._top
+        if top < 0:
+            top = self._top = max(self._free.values(), default=0)
+        # (most of a pass's tries fail: no node has `want` free, or `most` such nodes would not add up to it)
+        if want > (top if want <= self._node_size else top * -(-want // self._node_size)):
+            return None
         plan = self.compact(self._free, want)
         if plan is None:
             return None
@@ -156,10 +167,11 @@ class Unplaced:
     nodes says those m nodes hold N - 1 at most, and any j >= m nodes j (N - 1) / m at most (each node past the
     m-th holds no more than their mean): a count M on j nodes is ruled out when M m > j (N - 1). On as many nodes
     that is every count of N or more; on more nodes, not always: 8 GPUs do not fit where two nodes have 6 free
-    each, 12 do (and 16 do not). `blocks(n)`: whether n is ruled out; `every` (after `failed`): whether every
-    queued count is."""
+    each, 12 do (and 16 do not). `blocks(n)`: whether n is ruled out; `ruled_out`: the queued counts (of the
+    cluster's size at most) that are, kept at each failure (what a walk over the queue reads: no call per job);
+    `every` (after `failed`): whether every queued count is."""
 
-    __slots__ = ("_size", "_least", "_queued", "_total", "every")
+    __slots__ = ("_size", "_least", "_queued", "_total", "every", "ruled_out")
 
     def __init__(self, node_size: int, queued, total: int) -> None:
         self._size = max(node_size, 1)
@@ -167,6 +179,7 @@ class Unplaced:
         self._queued = queued  # the queue's distinct GPU counts (read at each failure)
         self._total = total  # GPUs in the cluster: a larger count never runs (the walks pass it by)
         self.every = False
+        self.ruled_out: set[int] = set()
 
     def blocks(self, need: int) -> bool:
         least = self._least
@@ -182,4 +195,11 @@ class Unplaced:
         span = -(-need // self._size)
         if need < self._least.get(span, need + 1):
             self._least[span] = need
-            self.every = all(n > self._total or self.blocks(n) for n in self._queued)
+            out, total, every = self.ruled_out, self._total, True
+            for n in self._queued:  # (a count ruled out stays so: the least failures only fall)
+                if n <= total and n not in out:
+                    if self.blocks(n):
+                        out.add(n)
+                    else:
+                        every = False
+            self.every = every

@@ -134,6 +134,8 @@ class QueueScheduler:
     _promised: dict[str, None] = field(default_factory=dict, repr=False)
     # SRTF's victims, kept ranked between passes (meshsched.policies.victim_rank); not copied by `replace`
     _victims: RemainingRank = field(default_factory=RemainingRank, init=False, repr=False, compare=False)
+    # victim -> (its GPUs, their nodes), kept between passes (`room_by_eviction`'s memo; checked by the GPUs' tuple)
+    _nodes_of: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     periodic: bool = field(default=True, init=False)
 
@@ -146,6 +148,8 @@ class QueueScheduler:
 
     def place(self, view: ClusterView, cycle: Cycle) -> list[Decision]:
         """The whole pass as a placement layer (no preemption layer above it)."""
+        if self.interval is None and not self.preemptive:  # (`_activate` then `_pass`, without their frames)
+            return self._start_pass(view, cycle, self) if view.queue_length else []
         return self._activate(view, cycle, self)
 
     def schedule(self, view: ClusterView, cycle: Cycle, placement) -> list[Decision]:
@@ -205,7 +209,9 @@ class QueueScheduler:
         decisions: list[Decision] = []
         victims: list[tuple[tuple, Job]] | None = None  # evictable, worst first
         evicted: set[str] = set()
-        nodes_of: dict[str, tuple[str, ...]] = {}  # victim -> its GPUs' nodes (room_by_eviction's memo)
+        nodes_of = self._nodes_of  # victim -> (its GPUs, their nodes): room_by_eviction's memo
+        if len(nodes_of) > 2 * total + 64:  # (no more jobs hold GPUs at once: the rest have left)
+            nodes_of.clear()
         self._promised.clear()
         counts = view.queued_gpu_counts()
         no_start, no_evict = Unplaced(plan.node_size, counts, total), Unplaced(plan.node_size, counts, total)
@@ -216,7 +222,7 @@ class QueueScheduler:
                 continue  # unschedulable here; never blocks the queue
             if job.job_id == evict_for:
                 newcomer_seen = True
-            if not no_start.blocks(need):
+            if need not in no_start.ruled_out:  # (`blocks`: every need walked is a queued count)
                 d = placement.try_start(view, cycle, job)
                 if isinstance(d, Start):
                     decisions.append(d)
@@ -225,7 +231,7 @@ class QueueScheduler:
                     decisions.append(d)  # Wait: the placement layer's pending reason (an eviction may follow)
                 if monotone:
                     no_start.failed(need)
-            may_evict = not no_evict.blocks(need) and (evict_for is None or job.job_id == evict_for)
+            may_evict = need not in no_evict.ruled_out and (evict_for is None or job.job_id == evict_for)
             if not may_evict and not soon:
                 if no_start.every and newcomer_seen and (evict_for is not None or no_evict.every):
                     break  # nothing later in the queue can start or make room
@@ -275,8 +281,11 @@ class QueueScheduler:
         plan = cycle.plan
         own = type(placement) is QueueScheduler  # try_start: None whenever need > plan.free_total
         strict = self.strict
-        if own and not strict and (by_need := view.queue_by_need()) is not None:
-            return self._start_by_need(view, cycle, by_need)
+        if own and not strict:
+            if view.settled and cycle.arrived is not None:  # only the newcomer may fit: try it alone
+                return self._start_arrived(view, cycle, cycle.arrived)
+            if (by_need := view.queue_by_need()) is not None:
+                return self._start_by_need(view, cycle, by_need)
         min_need = view.min_queued_gpus
         total = view.total_gpus
         decisions: list[Decision] = []
@@ -285,7 +294,7 @@ class QueueScheduler:
         for job_id, need in view.queue_demands():
             if need > total:
                 continue  # unschedulable here; never blocks the queue
-            if not no_start.blocks(need):
+            if need not in no_start.ruled_out:
                 if own and need > plan.free_total:
                     d = None
                 else:
@@ -303,6 +312,15 @@ class QueueScheduler:
                 break
         return decisions
 
+    def _start_arrived(self, view: ClusterView, cycle: Cycle, job_id: str) -> list[Decision]:
+        """`_start_pass` when no queued job but the newcomer can be placed (`ClusterView.settled`): the walk would
+        fail every other job without claiming a GPU, so it starts the newcomer where its own try would."""
+        if self._promised:
+            self._promised.clear()
+        plan, need = cycle.plan, view.job(job_id).spec.gpus
+        gpus = plan.take(need) if need <= plan.free_total and need <= view.total_gpus else None
+        return [] if gpus is None else [Start(job_id, gpus, f"{self.name}: {need} GPU(s) free")]
+
     def _start_by_need(self, view: ClusterView, cycle: Cycle, by_need) -> list[Decision]:
         """`_start_pass` with this scheduler's own `try_start`, backfilling, without walking the queue: the queue's
         jobs of each GPU count in queue order (`view.queue_by_need`), merged by a heap of each count's next job.
@@ -319,13 +337,15 @@ class QueueScheduler:
         if not heads:
             return decisions  # (no queued GPU count fits what is free: most passes after a finish)
         heapify(heads)
-        take, name, unplaced = plan.take, self.name, Unplaced(plan.node_size, (), fits)
+        take, name, unplaced = plan.take, self.name, None
         while heads:
             entry, need, i = heappop(heads)
             if need > plan.free_total:
                 continue  # (this count no longer fits: its later jobs neither)
             gpus = take(need)  # (`try_start`, inline)
             if gpus is None:  # what this failure rules out for the rest of the pass (`Unplaced`)
+                if unplaced is None:
+                    unplaced = Unplaced(plan.node_size, (), fits)
                 unplaced.failed(need)
                 heads = [h for h in heads if not unplaced.blocks(h[1])]
                 heapify(heads)
@@ -364,11 +384,12 @@ def _reserve(plan, soon: dict[str, int], spot: list[tuple[str, int]]) -> None:
 
 def room_by_eviction(
     view: ClusterView, plan, pool: dict[str, int], need: int, prio: tuple, victims: list, evicted: set[str],
-    nodes_of: dict[str, tuple[str, ...]] | None = None,
+    nodes_of: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] | None = None,
 ) -> tuple[list[tuple[str, int]] | None, list[tuple[str, tuple[str, ...]]]]:
     """Add strictly lower-priority jobs' GPUs to `pool`, worst first, until `need` fits compactly.
 
-    `nodes_of`: the pass's memo of each victim's nodes (one per GPU), kept across the calls of one pass."""
+    `nodes_of`: a memo of each victim's GPUs and their nodes (one per GPU), kept across calls: an entry counts while
+    the job holds the very GPUs tuple it was made for."""
     chosen: list[tuple[str, tuple[str, ...]]] = []
     if nodes_of is None:
         nodes_of = {}
@@ -383,9 +404,10 @@ def room_by_eviction(
         vid = v.spec.job_id
         if vid in evicted:
             continue
-        vnodes = nodes_of.get(vid)
-        if vnodes is None:
-            vnodes = nodes_of[vid] = tuple([gpus[g].node for g in v.gpus])
+        got = nodes_of.get(vid)
+        if got is None or got[0] is not v.gpus:
+            got = nodes_of[vid] = (v.gpus, tuple([gpus[g].node for g in v.gpus]))
+        vnodes = got[1]
         chosen.append((vid, vnodes))
         touched = False
         for node in vnodes:

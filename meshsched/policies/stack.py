@@ -86,8 +86,10 @@ class PolicyStack:
             if solo:
                 out = [*out, *solo]
         if not self._squeezed and out:
-            self._squeezed = any(type(d) in (Start, Reconfigure) and d.exec is not None and not is_solo(d.exec)
-                                 for d in out)
+            for d in out:  # (a loop, not any(): once per pass)
+                if type(d) in (Start, Reconfigure) and d.exec is not None and not is_solo(d.exec):
+                    self._squeezed = True
+                    break
         return out
 
     def _with_plans(self, view: ClusterView, now: float, out: list[Decision]) -> list[Decision]:

@@ -62,8 +62,6 @@ class RemainingRank:
             self._rebuild(view, now)
         else:
             heap, live, uid = self._heap, self._live, self._uid
-            for e in self._out:
-                heappush(heap, e)
             jobs = state.jobs
             for jid in changed:
                 j = jobs.get(jid)
@@ -73,6 +71,18 @@ class RemainingRank:
                     heappush(heap, (r, s, u, now, j))
                 else:
                     live.pop(jid, None)
+            # The entries the last pass read go back keyed at `now` (the worst jobs: the likeliest read again, and
+            # read at once when their key is exact); those since superseded or stopped are dropped here.
+            for e in self._out:
+                j = e[4]
+                spec = j.spec
+                if live.get(spec.job_id) == e[2]:
+                    if e[3] != now:  # (_neg_key, inline)
+                        done = j.done_iterations
+                        if j.state is _RUNNING and j.step_time > 0:
+                            done = min(done + (now - j.progress_time) / j.step_time, spec.iterations)
+                        e = (-((spec.iterations - done) * j.ideal_step_time), -spec.submit_time, e[2], now, j)
+                    heappush(heap, e)
         self._out = []
         self._state, self._version, self._now = state, state.version, now
 

@@ -1,4 +1,5 @@
 """The engine leaves out a greedy stack's arrival pass only when that pass would decide nothing (meshsched.greedy),
+an arrival's pass after a settled queue tries the newcomer alone (ClusterView.settled, QueueScheduler._start_arrived),
 and SJF's pass reads the queue by GPU count instead of walking it (QueueScheduler._start_by_need): the same events
 give the same actions, decision log and job outcomes as every pass walking the whole queue, on random small
 workloads that also hold, release, cancel, fail, drain and lose nodes, and on random small replays."""
@@ -12,6 +13,7 @@ import pytest
 from meshsched.engine import Engine
 from meshsched.loaders.profiles import installed_handle, load_perf_model
 from meshsched.policies.base import ClusterView
+from meshsched.policies.queue import QueueScheduler
 from meshsched.policies.registry import make_policy
 from meshsched.sim.loop import ClusterSpec, simulate
 from meshsched.state import JobSpec
@@ -19,22 +21,29 @@ from tests.support.workload import record
 
 
 def _counting(monkeypatch) -> list[int]:
-    """Count the passes the engine leaves out (the skip is on)."""
-    skipped = [0]
-    real = Engine._starts_nothing
+    """Count the passes the engine leaves out and the arrival passes that tried the newcomer alone (both on)."""
+    skipped = [0, 0]
+    real, alone = Engine._starts_nothing, QueueScheduler._start_arrived
 
     def counted(self, spec):
         out = real(self, spec)
         skipped[0] += out
         return out
 
+    def tried(self, view, cycle, job_id):
+        skipped[1] += 1
+        return alone(self, view, cycle, job_id)
+
     monkeypatch.setattr(Engine, "_starts_nothing", counted)
+    monkeypatch.setattr(QueueScheduler, "_start_arrived", tried)
     return skipped
 
 
 def _never(monkeypatch) -> None:
-    """Every pass run, each walking the whole queue (no index by GPU count: QueueScheduler._start_by_need)."""
+    """Every pass run, each walking the whole queue (no index by GPU count: QueueScheduler._start_by_need; no
+    newcomer tried alone: the view is never settled)."""
     monkeypatch.setattr(Engine, "_starts_nothing", lambda self, spec: False)
+    monkeypatch.setattr(Engine, "_alone_placeable", lambda self, spec: False)
     monkeypatch.setattr(ClusterView, "queue_by_need", lambda self: None)
 
 
@@ -51,7 +60,7 @@ def test_workload_same_actions_with_and_without_the_skip(monkeypatch, seed):
     with monkeypatch.context() as m:
         _never(m)
         full = record("sjf", seed, 90)
-    assert skipped[0] > 0  # the workload exercises the skip
+    assert skipped[0] > 0 and skipped[1] > 0  # the workload exercises the skip and the newcomer tried alone
     assert [repr(a) for a in fast.actions] == [repr(a) for a in full.actions]
     assert list(fast.engine.log) == list(full.engine.log)
     assert _outcome(fast.engine) == _outcome(full.engine)
@@ -79,7 +88,7 @@ def test_replay_same_log_with_and_without_the_skip(monkeypatch, seed):
     with monkeypatch.context() as m:
         _never(m)
         full = simulate(jobs, make_policy("sjf", installed_handle()), perf, cluster)
-    assert skipped[0] > 0
+    assert skipped[0] > 0 and skipped[1] > 0
     assert fast.events == full.events
     assert list(fast.engine.log) == list(full.engine.log)
     assert _outcome(fast.engine) == _outcome(full.engine)

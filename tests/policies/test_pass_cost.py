@@ -123,3 +123,62 @@ def test_one_node_compact_is_best_fit_in_node_order():
         want = rng.randint(1, 8)
         got = fewest_nodes(free, want)
         assert plan.compact(free, want) == (got if got is not None and len(got) == 1 else None), (free, want)
+
+
+def test_take_places_what_compact_places():
+    """`Planner.take` rules a count out before looking for a place (no node has that many free, or the fewest nodes
+    that could hold it have too few between them) only where `compact` finds none: on random clusters, each of a
+    pass's takes places what `compact` places on the GPUs the pass has left, node by node."""
+    from meshsched.policies.placement import Planner
+
+    rng = random.Random(5)
+    for _ in range(400):
+        state = ClusterState()
+        for i in range(rng.randint(1, 6)):
+            state.add_node(NodeSpec(f"n{i}", 8, "v100", 16000))
+        gpus = list(range(len(state.gpus)))
+        for k, g in enumerate(rng.sample(gpus, rng.randint(0, len(gpus)))):
+            state.assign(f"busy{k}", (g,))
+        plan = Planner(state)
+        for _ in range(6):
+            want = rng.randint(1, 20)
+            expected = plan.compact(plan.free_map(), want)
+            got = plan.take(want)
+            assert (got is None) == (expected is None), (state.free_by_node, want)
+            if got is not None:
+                on = {}
+                for g in got:
+                    on[state.gpus[g].node] = on.get(state.gpus[g].node, 0) + 1
+                assert sorted(on.items()) == sorted(expected), (state.free_by_node, want)
+
+
+def test_pausing_by_node_follows_the_state():
+    """`ClusterView.pausing_by_node`, kept between state versions unless a job the change log names begins or ends a
+    pause, equals a fresh count (nodes in start order) after every event of a preemptive replay."""
+    from meshsched.loaders.profiles import load_perf_model
+    from meshsched.sim.loop import ClusterSpec, simulate
+    from meshsched.state import JobState
+
+    perf = load_perf_model()
+    rng = random.Random(21)
+    t, jobs = 0.0, []
+    for i in range(160):
+        t += rng.expovariate(1 / 30)
+        gpus = rng.choice((1, 1, 2, 4, 8, 12))
+        jobs.append(JobSpec(f"p{i}", gpus, rng.choice(("resnet18", "resnet50", "lm")), 32 * gpus,
+                            rng.choice((50, 200, 3000, 20000)), submit_time=round(t, 3)))
+    seen = [0]
+
+    def check(eng: Engine) -> None:
+        want: dict[str, int] = {}
+        for j in eng.active.values():
+            if j.state is JobState.PAUSING:
+                for g in j.gpus:
+                    node = eng.state.gpus[g].node
+                    want[node] = want.get(node, 0) + 1
+        assert list(eng.view().pausing_by_node().items()) == list(want.items())
+        seen[0] += bool(want)
+
+    simulate(jobs, make_policy("srtf", installed_handle()), perf, ClusterSpec(3, 8, "v100", perf.gpu_memory_mb("v100")),
+             after_event=check)
+    assert seen[0] > 0  # the replay preempts: pauses were counted

@@ -74,3 +74,6 @@ def test_unplaced_never_rules_out_a_count_that_fits():
         for need in range(1, 49):
             if u.blocks(need):
                 assert fewest_nodes(free, need, -(-need // 8)) is None, (free, need)
+        # what a walk reads instead of asking per job: the queued counts `blocks` rules out, kept at each failure
+        assert u.ruled_out == {n for n in range(1, 49) if u.blocks(n)}
+        assert u.every == (len(u.ruled_out) == 48)
