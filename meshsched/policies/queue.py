@@ -216,13 +216,15 @@ class QueueScheduler:
         counts = view.queued_gpu_counts()
         no_start, no_evict = Unplaced(plan.node_size, counts, total), Unplaced(plan.node_size, counts, total)
         newcomer_seen = evict_for is None
-        for job in view.queue():
-            need = job.spec.gpus
+        jobs = view.cluster_state().jobs
+        for job_id, need in view.queue_demands():  # (ids and counts: most jobs walked are ruled out unread)
             if need > total:
                 continue  # unschedulable here; never blocks the queue
-            if job.job_id == evict_for:
+            if job_id == evict_for:
                 newcomer_seen = True
+            job = None
             if need not in no_start.ruled_out:  # (`blocks`: every need walked is a queued count)
+                job = jobs[job_id]
                 d = placement.try_start(view, cycle, job)
                 if isinstance(d, Start):
                     decisions.append(d)
@@ -231,11 +233,13 @@ class QueueScheduler:
                     decisions.append(d)  # Wait: the placement layer's pending reason (an eviction may follow)
                 if monotone:
                     no_start.failed(need)
-            may_evict = need not in no_evict.ruled_out and (evict_for is None or job.job_id == evict_for)
+            may_evict = need not in no_evict.ruled_out and (evict_for is None or job_id == evict_for)
             if not may_evict and not soon:
                 if no_start.every and newcomer_seen and (evict_for is not None or no_evict.every):
                     break  # nothing later in the queue can start or make room
                 continue
+            if job is None:
+                job = jobs[job_id]
             # Is room coming (checkpoints being saved), or can evictions make it?
             pool = plan.free_map()
             for node, n in soon.items():
@@ -254,14 +258,14 @@ class QueueScheduler:
                     for vid, vnodes in chosen:
                         if on_spot.intersection(vnodes):
                             evicted.add(vid)
-                            decisions.append(Evict(vid, f"{self.name}: preempted for {job.job_id}"))
+                            decisions.append(Evict(vid, f"{self.name}: preempted for {job_id}"))
                             for node in vnodes:
                                 soon[node] = soon.get(node, 0) + 1
             if spot is None:
                 continue
             _reserve(plan, soon, spot)
             if self.interval is not None:
-                self._promised[job.job_id] = None
+                self._promised[job_id] = None
         return decisions
 
     def _rank_victims(self, view: ClusterView, now: float):
