@@ -6,7 +6,8 @@ best fit, for a job that fits one node; else the fewest nodes). After such a pas
 GPUs come free or a job joins the queue other than by arriving, every later pass would find the same jobs unable
 to start on the same free GPUs, so an arrival's pass could start only the newcomer: when the newcomer cannot fit
 either, the pass decides nothing and the engine leaves it out (`Engine._starts_nothing`; a full replay makes
-about one pass per arrival and release, so this is most arrivals of a busy cluster). Pure functions.
+about one pass per arrival and release, so this is most arrivals of a busy cluster); when it may fit, the pass is
+told (`ClusterView.settled`) and tries the newcomer alone (`QueueScheduler._start_arrived`). Pure functions.
 """
 
 from __future__ import annotations

@@ -205,7 +205,7 @@ class ClusterView:
 
     def pausing_by_node(self) -> dict[str, int]:
         """GPUs per node that come free once the jobs now saving a checkpoint are done (a fresh dict; counted
-        again only after the state's version moved: every start, pause and release touches it)."""
+        again only once a job the state's change log names since began or ended a pause)."""
         state = self._state
         memo = self._pausing
         pausing = JobState.PAUSING

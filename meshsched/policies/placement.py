@@ -50,6 +50,7 @@ def fewest_nodes(free: dict[str, int], want: int, most: int | None = None) -> li
 
 
 _count_then_name = itemgetter(1, 0)
+_count = itemgetter(1)
 
 
 class Planner:
@@ -86,11 +87,9 @@ class Planner:
         """`fewest_nodes` over a hypothetical free map, None unless it is as compact as `take` requires."""
         if want <= self._node_size:  # one node: best fit
             if free:  # the first of the fullest nodes, when even that one holds `want` (always for one GPU)
-                least = min(free.values())
-                if least >= want:
-                    for name, n in free.items():
-                        if n == least:
-                            return [(name, want)]
+                first = min(free.items(), key=_count)
+                if first[1] >= want:
+                    return [(first[0], want)]
             best, best_free = None, 1 << 30
             for name, n in free.items():
                 if want <= n < best_free:
