@@ -121,9 +121,11 @@ class Engine(RecoveryHandlers):
             settled = False
             if trigger is None:
                 trigger = Trigger.RELEASE  # jobs whose dependencies were met joined the queue
-        if trigger is not None and not (submitted and settled and self._starts_nothing(event.spec)):
-            self._schedule(trigger, now, event.stimulus_id, actions, event.spec.job_id if submitted else None,
-                           submitted and settled and self._alone_placeable(event.spec))
+        if trigger is not None:
+            alone = submitted and settled and self._alone_placeable(event.spec)
+            if not (alone and self._starts_nothing(event.spec)):
+                self._schedule(trigger, now, event.stimulus_id, actions, event.spec.job_id if submitted else None,
+                               alone)
         if self._recalibrate:
             self._calibrate_sharers(now, event.stimulus_id, actions)
         policy, timers, due = self.policy, self.timers, control.next_due()
@@ -193,12 +195,11 @@ class Engine(RecoveryHandlers):
         return self._greedy_is
 
     def _starts_nothing(self, spec: JobSpec) -> bool:
-        """Whether the pass after `spec`'s arrival, the queue settled before it, would decide nothing (greedy.py)."""
-        return self._alone_placeable(spec) and stock_pass(self.policy) and cannot_start(self.state, spec.gpus)
+        """Whether the pass after `spec`'s arrival, only it placeable (`_alone_placeable`), would decide nothing."""
+        return stock_pass(self.policy) and cannot_start(self.state, spec.gpus)
 
     def _alone_placeable(self, spec: JobSpec) -> bool:
-        """The queue settled, whether only the newcomer may start (greedy.py); never with drained GPUs (a start
-        they refuse is logged at every pass)."""
+        """Whether, the queue settled, only the newcomer may start (greedy.py; never with drained GPUs)."""
         return self._greedy() and not self.state.drained and spec.job_id in self.waiting.keys
 
     def take_changed(self) -> list[str]:

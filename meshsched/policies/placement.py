@@ -83,8 +83,9 @@ class Planner:
     def node_size(self) -> int:
         return self._node_size
 
-    def compact(self, free: dict[str, int], want: int) -> list[tuple[str, int]] | None:
-        """`fewest_nodes` over a hypothetical free map, None unless it is as compact as `take` requires."""
+    def compact(self, free: dict[str, int], want: int, top: int | None = None) -> list[tuple[str, int]] | None:
+        """`fewest_nodes` over a hypothetical free map, None unless it is as compact as `take` requires (`top`: the
+        map's largest count, where the caller knows it)."""
         if want <= self._node_size:  # one node: best fit
             if free:  # the first of the fullest nodes, when even that one holds `want` (always for one GPU)
                 first = min(free.items(), key=_count)
@@ -96,7 +97,7 @@ class Planner:
                     best, best_free = name, n
             return None if best is None else [(best, want)]
         most = -(-want // self._node_size)
-        if most * max(free.values(), default=0) < want:
+        if most * (max(free.values(), default=0) if top is None else top) < want:
             return None  # (`most` nodes hold `want` nowhere: no plan that compact, whatever the GPU types)
         if self._type is None:
             return fewest_nodes(free, want, most)
@@ -132,10 +133,9 @@ class Planner:
         top = self._top
         if top < 0:
             top = self._top = max(self._free.values(), default=0)
-        # (most of a pass's tries fail: no node has `want` free, or `most` such nodes would not add up to it)
-        if want > (top if want <= self._node_size else top * -(-want // self._node_size)):
-            return None
-        plan = self.compact(self._free, want)
+        if top < want <= self._node_size:
+            return None  # (no node has `want` free: most of a pass's tries fail so; `compact` bounds larger jobs)
+        plan = self.compact(self._free, want, top)
         if plan is None:
             return None
         state, free = self._state, self._claim()

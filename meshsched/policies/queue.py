@@ -148,8 +148,6 @@ class QueueScheduler:
 
     def place(self, view: ClusterView, cycle: Cycle) -> list[Decision]:
         """The whole pass as a placement layer (no preemption layer above it)."""
-        if self.interval is None and not self.preemptive:  # (`_activate` then `_pass`, without their frames)
-            return self._start_pass(view, cycle, self) if view.queue_length else []
         return self._activate(view, cycle, self)
 
     def schedule(self, view: ClusterView, cycle: Cycle, placement) -> list[Decision]:
@@ -319,11 +317,8 @@ class QueueScheduler:
     def _start_arrived(self, view: ClusterView, cycle: Cycle, job_id: str) -> list[Decision]:
         """`_start_pass` when no queued job but the newcomer can be placed (`ClusterView.settled`): the walk would
         fail every other job without claiming a GPU, so it starts the newcomer where its own try would."""
-        if self._promised:
-            self._promised.clear()
-        plan, need = cycle.plan, view.job(job_id).spec.gpus
-        gpus = plan.take(need) if need <= plan.free_total and need <= view.total_gpus else None
-        return [] if gpus is None else [Start(job_id, gpus, f"{self.name}: {need} GPU(s) free")]
+        d = self.try_start(view, cycle, view.job(job_id))
+        return [] if d is None else [d]
 
     def _start_by_need(self, view: ClusterView, cycle: Cycle, by_need) -> list[Decision]:
         """`_start_pass` with this scheduler's own `try_start`, backfilling, without walking the queue: the queue's

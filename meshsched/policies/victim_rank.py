@@ -75,14 +75,8 @@ class RemainingRank:
             # read at once when their key is exact); those since superseded or stopped are dropped here.
             for e in self._out:
                 j = e[4]
-                spec = j.spec
-                if live.get(spec.job_id) == e[2]:
-                    if e[3] != now:  # (_neg_key, inline)
-                        done = j.done_iterations
-                        if j.state is _RUNNING and j.step_time > 0:
-                            done = min(done + (now - j.progress_time) / j.step_time, spec.iterations)
-                        e = (-((spec.iterations - done) * j.ideal_step_time), -spec.submit_time, e[2], now, j)
-                    heappush(heap, e)
+                if live.get(j.spec.job_id) == e[2]:
+                    heappush(heap, e if e[3] == now else (*_neg_key(j, now), e[2], now, j))
         self._out = []
         self._state, self._version, self._now = state, state.version, now
 
