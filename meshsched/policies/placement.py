@@ -83,10 +83,19 @@ class Planner:
     def node_size(self) -> int:
         return self._node_size
 
+    def top(self) -> int:
+        """The most free GPUs still unclaimed on one node (kept until the pass next claims GPUs)."""
+        top = self._top
+        if top < 0:
+            top = self._top = max(self._free.values(), default=0)
+        return top
+
     def compact(self, free: dict[str, int], want: int, top: int | None = None) -> list[tuple[str, int]] | None:
         """`fewest_nodes` over a hypothetical free map, None unless it is as compact as `take` requires (`top`: the
         map's largest count, where the caller knows it)."""
         if want <= self._node_size:  # one node: best fit
+            if top is not None and top < want:
+                return None
             if free:  # the first of the fullest nodes, when even that one holds `want` (always for one GPU)
                 first = min(free.items(), key=_count)
                 if first[1] >= want:
@@ -130,7 +139,7 @@ class Planner:
 
     def take(self, want: int) -> tuple[int, ...] | None:
         """Reserve `want` free GPUs on the fewest nodes; None if they cannot be had that compactly now."""
-        top = self._top
+        top = self._top  # (`top`, inline: most of a pass's tries end here)
         if top < 0:
             top = self._top = max(self._free.values(), default=0)
         if top < want <= self._node_size:
@@ -191,13 +200,16 @@ class Unplaced:
         return False
 
     def failed(self, need: int) -> None:
-        span = -(-need // self._size)
+        span, size = -(-need // self._size), self._size
         if need < self._least.get(span, need + 1):
             self._least[span] = need
-            out, total, every = self.ruled_out, self._total, True
-            for n in self._queued:  # (a count ruled out stays so: the least failures only fall)
+            # A count ruled out stays so (the least failures only fall), and one that was not is ruled out now only
+            # by this failure (`blocks` with the one entry that changed).
+            out, total, every, most = self.ruled_out, self._total, True, need - 1
+            for n in self._queued:
                 if n <= total and n not in out:
-                    if self.blocks(n):
+                    j = -(-n // size)
+                    if span <= j and n * span > j * most:
                         out.add(n)
                     else:
                         every = False

@@ -207,13 +207,15 @@ class QueueScheduler:
         decisions: list[Decision] = []
         victims: list[tuple[tuple, Job]] | None = None  # evictable, worst first
         evicted: set[str] = set()
-        nodes_of = self._nodes_of  # victim -> (its GPUs, their nodes): room_by_eviction's memo
+        nodes_of = self._nodes_of  # victim -> (its GPUs, (node, GPUs) pairs): room_by_eviction's memo
         if len(nodes_of) > 2 * total + 64:  # (no more jobs hold GPUs at once: the rest have left)
             nodes_of.clear()
         self._promised.clear()
         counts = view.queued_gpu_counts()
         no_start, no_evict = Unplaced(plan.node_size, counts, total), Unplaced(plan.node_size, counts, total)
+        no_room = Unplaced(plan.node_size, counts, total)  # no room in free and pausing GPUs (until an eviction)
         newcomer_seen = evict_for is None
+        own = type(placement) is QueueScheduler
         jobs = view.cluster_state().jobs
         for job_id, need in view.queue_demands():  # (ids and counts: most jobs walked are ruled out unread)
             if need > total:
@@ -232,17 +234,22 @@ class QueueScheduler:
                 if monotone:
                     no_start.failed(need)
             may_evict = need not in no_evict.ruled_out and (evict_for is None or job_id == evict_for)
-            if not may_evict and not soon:
-                if no_start.every and newcomer_seen and (evict_for is not None or no_evict.every):
+            # whether the pool below (free and pausing GPUs) cannot hold `need`: with no pausing GPUs, where the start
+            # that failed (or was ruled out) was this scheduler's own (`take`: the same compact placement); else
+            # where the count failed on it already (the pool only shrinks until an eviction)
+            no_spot = own if not soon else need in no_room.ruled_out
+            if not may_evict and (no_spot or not soon):
+                if no_start.every and newcomer_seen and (evict_for is not None or no_evict.every) and \
+                        (not soon or no_room.every):
                     break  # nothing later in the queue can start or make room
                 continue
             if job is None:
                 job = jobs[job_id]
             # Is room coming (checkpoints being saved), or can evictions make it?
-            pool = plan.free_map()
-            for node, n in soon.items():
-                pool[node] = pool.get(node, 0) + n
-            spot = plan.compact(pool, need)
+            pool, top = _pool(plan, soon)
+            spot = None if no_spot else plan.compact(pool, need, top)
+            if spot is None and soon:
+                no_room.failed(need)
             if spot is None and may_evict:
                 if victims is None:
                     victims = self._rank_victims(view, now)
@@ -252,13 +259,8 @@ class QueueScheduler:
                 if spot is None:
                     no_evict.failed(need)
                 else:
-                    on_spot = {node for node, _ in spot}
-                    for vid, vnodes in chosen:
-                        if on_spot.intersection(vnodes):
-                            evicted.add(vid)
-                            decisions.append(Evict(vid, f"{self.name}: preempted for {job_id}"))
-                            for node in vnodes:
-                                soon[node] = soon.get(node, 0) + 1
+                    decisions += _evictions(self.name, job_id, spot, chosen, evicted, soon)
+                    no_room = Unplaced(plan.node_size, counts, total)  # (the pool grows by what the evictions free)
             if spot is None:
                 continue
             _reserve(plan, soon, spot)
@@ -381,20 +383,55 @@ def _reserve(plan, soon: dict[str, int], spot: list[tuple[str, int]]) -> None:
                 del soon[node]
 
 
+def _pool(plan, soon: dict[str, int]) -> tuple[dict[str, int], int]:
+    """The pass's free GPUs and those being freed (`soon`) per node, and the most on one node."""
+    pool, top = plan.free_map(), plan.top()
+    for node, n in soon.items():
+        c = pool[node] = pool.get(node, 0) + n
+        if c > top:
+            top = c
+    return pool, top
+
+
+def _evictions(name: str, job_id: str, spot: list[tuple[str, int]], chosen: list, evicted: set[str],
+               soon: dict[str, int]) -> list[Evict]:
+    """The victims `room_by_eviction` read that hold GPUs on `spot`, evicted for `job_id`: their GPUs join `soon`."""
+    on_spot = {node for node, _ in spot}
+    out: list[Evict] = []
+    for vid, held in chosen:
+        if any(node in on_spot for node, _ in held):
+            evicted.add(vid)
+            out.append(Evict(vid, f"{name}: preempted for {job_id}"))
+            for node, k in held:
+                soon[node] = soon.get(node, 0) + k
+    return out
+
+
+def _per_node(nodes: list[str]) -> tuple[tuple[str, int], ...]:
+    """(node, GPUs on it) for a job's GPUs' nodes, in the order the nodes first appear."""
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[node] = counts.get(node, 0) + 1
+    return tuple(counts.items())
+
+
 def room_by_eviction(
     view: ClusterView, plan, pool: dict[str, int], need: int, prio: tuple, victims: list, evicted: set[str],
-    nodes_of: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] | None = None,
-) -> tuple[list[tuple[str, int]] | None, list[tuple[str, tuple[str, ...]]]]:
-    """Add strictly lower-priority jobs' GPUs to `pool`, worst first, until `need` fits compactly.
+    nodes_of: dict[str, tuple[tuple[int, ...], tuple[tuple[str, int], ...]]] | None = None,
+) -> tuple[list[tuple[str, int]] | None, list[tuple[str, tuple[tuple[str, int], ...]]]]:
+    """Add strictly lower-priority jobs' GPUs to `pool`, worst first, until `need` fits compactly; returns the spot
+    (or None) and the victims read, each with its (node, GPUs) pairs.
 
-    `nodes_of`: a memo of each victim's GPUs and their nodes (one per GPU), kept across calls: an entry counts while
+    `nodes_of`: a memo of each victim's GPUs and their (node, GPUs) pairs, kept across calls: an entry counts while
     the job holds the very GPUs tuple it was made for."""
-    chosen: list[tuple[str, tuple[str, ...]]] = []
+    chosen: list[tuple[str, tuple[tuple[str, int], ...]]] = []
     if nodes_of is None:
         nodes_of = {}
     gpus = view.cluster_state().gpus
     single = need <= plan.node_size
     pooled = sum(pool.values())
+    top = -1  # (several nodes: the pool's largest count, once the pool holds `need`)
+    most = -(-need // plan.node_size)
     bar = prio[0]
     get = pool.get
     for vprio, v in victims:
@@ -405,16 +442,20 @@ def room_by_eviction(
             continue
         got = nodes_of.get(vid)
         if got is None or got[0] is not v.gpus:
-            got = nodes_of[vid] = (v.gpus, tuple([gpus[g].node for g in v.gpus]))
-        vnodes = got[1]
-        chosen.append((vid, vnodes))
-        touched = False
-        for node in vnodes:
-            n = pool[node] = get(node, 0) + 1
-            if n >= need:
-                touched = True
-        pooled += len(vnodes)
-        # a one-node job can only have become placeable on a node this victim frees
-        if (touched if single else pooled >= need) and (spot := plan.compact(pool, need)) is not None:
-            return spot, chosen
+            got = nodes_of[vid] = (v.gpus, _per_node([gpus[g].node for g in v.gpus]))
+        held = got[1]
+        chosen.append((vid, held))
+        most_here = 0
+        for node, k in held:
+            n = pool[node] = get(node, 0) + k
+            if n > most_here:
+                most_here = n
+        pooled += len(v.gpus)
+        if single:  # a one-node job can only have become placeable on a node this victim frees
+            if most_here >= need and (spot := plan.compact(pool, need)) is not None:
+                return spot, chosen
+        elif pooled >= need:
+            top = max(pool.values()) if top < 0 else max(top, most_here)  # (counts only grow here)
+            if most * top >= need and (spot := plan.compact(pool, need, top)) is not None:
+                return spot, chosen
     return None, chosen

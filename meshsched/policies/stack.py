@@ -79,6 +79,7 @@ class PolicyStack:
             out = self.preemption.schedule(view, cycle, self.placement)
         else:
             out = self.placement.place(view, cycle)
+        cycle.scratch.clear()  # (a policy's scratch may name the cycle: freed now, not by the cyclic collector)
         if self.plan is not None:
             out = self._with_plans(view, now, list(out))
         if self._squeezed and trigger is not Trigger.ARRIVAL:  # GPUs came free (or a timer): partners may have left
