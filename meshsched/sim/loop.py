@@ -118,8 +118,8 @@ def simulate(
     `events`: (time, event) pairs the operator says, such as `DrainChanged` (meshsched.loaders.events), each fed
     to the engine at its time, before an arrival at the same time; a drain without a resume lasts to the end.
     `durations`: the trace's, in `jobs`' order (`Trace.durations`), for rules with `trace_durations` (sim.durations).
-    Python's automatic cyclic collection is paused while it runs (young objects are collected every 65,536 events)
-    and left as it was found.
+    Python's automatic cyclic collection is paused while it runs (young objects are collected every 262,144 events,
+    everything once at the end of a replay of 65,536 events or more) and left as it was found.
     """
     jobs, engine, world, gate = _start(jobs, durations, policy, perf, cluster, interference, mps_share, rules)
     result = SimResult(engine, cluster, 0)
@@ -133,6 +133,9 @@ def simulate(
     return result
 
 
+_YOUNG_EVERY = 1 << 18  # events between two collections of the young generations (`_replay`)
+
+
 def _replay(jobs: Sequence[JobSpec], engine: Engine, world: SimWorld, gate: SteppedStack | None, result: SimResult,
             after_event: Callable[[Engine], None] | None, progress: Callable[[int], None] | None) -> int:
     """`simulate`'s loop: every event the world holds, each handled by the engine and its actions executed, the
@@ -142,9 +145,11 @@ def _replay(jobs: Sequence[JobSpec], engine: Engine, world: SimWorld, gate: Step
     step_at, step_events, step_limit = None, 0, 10 * len(jobs) + 1000  # time-stepped: events at one instant
     pop, push, handle, execute, take_reports = world.pop, world.push, engine.handle, world.execute, world.take_reports
     # Python's cyclic collector is paused for the replay: the engine's and the world's objects form no cycles, and
-    # its full collections re-read every job, spec and log line kept (about a sixth of an SJF replay of Philly).
-    # The young generations are collected every 65,536 events instead, so a cycle made on the way is still freed.
-    paused, collect_at = gc.isenabled(), 65536
+    # its full collections re-read every job, spec and log line kept, again each time they grew by a quarter (three
+    # times in an SJF replay of Philly). The young generations are collected every 262,144 events instead, so a
+    # cycle made on the way is still freed, and after a long replay a full collection runs before it returns: the
+    # collector would otherwise run one at the caller's next allocation, and its cost is the replay's.
+    paused, collect_at = gc.isenabled(), _YOUNG_EVERY
     if paused:
         gc.disable()
     try:
@@ -194,10 +199,12 @@ def _replay(jobs: Sequence[JobSpec], engine: Engine, world: SimWorld, gate: Step
                 ql.append(n)
             if paused and count >= collect_at:
                 gc.collect(1)
-                collect_at = count + 65536
+                collect_at = count + _YOUNG_EVERY
     finally:
         if paused:
             gc.enable()
+            if count >= _YOUNG_EVERY // 4:  # (a short replay leaves little for the collector)
+                gc.collect()
     return count
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from meshsched.policies.registry import make_policy
 from meshsched.loaders.profiles import installed_handle
+from meshsched.sim import loop as loop_mod
 from meshsched.sim.loop import simulate
 from tests.support.sim import perf_model, philly, v100
 
@@ -48,3 +49,24 @@ def test_the_collector_is_left_as_it_was():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_long_replay_pays_for_its_collection_before_it_returns(monkeypatch):
+    # (the interval made short: a replay "long" for it) the young generations are collected on the way and the whole
+    # heap once at the end, inside `simulate`, so nothing the replay left is due at the caller's next allocation
+    monkeypatch.setattr(loop_mod, "_YOUNG_EVERY", 64)
+    runs: list[int] = []
+
+    def seen(phase, info):
+        if phase == "start":
+            runs.append(info["generation"])
+
+    gc.callbacks.append(seen)
+    try:
+        result = simulate(philly(200).jobs, make_policy("sjf"), perf_model(), v100(1))
+        at_return = list(runs)
+    finally:
+        gc.callbacks.remove(seen)
+    assert result.events >= 4 * 64
+    assert 1 in at_return and at_return[-1] == 2
+    assert gc.get_count()[2] == 0  # (what a full collection leaves: the next one is a full count away)
