@@ -35,9 +35,14 @@ def is_greedy(policy: object) -> bool:
 
 
 def never_times(policy: object) -> bool:
-    """Whether a greedy stack never asks for a timer (QueueScheduler.next_timer: only Tiresias' LAS does)."""
-    return is_greedy(policy) and not isinstance(policy.placement.order, LeastAttained) and \
-        type(policy).next_timer is _TIMER[0] and type(policy.placement).next_timer is _TIMER[1]
+    """Whether a stack never asks for a timer: its pass is a QueueScheduler's (the placement alone, or a preemptive
+    one over it as in SRTF; greedy or not), run on every event, whose order is not Tiresias' LAS
+    (PolicyStack.next_timer asks that scheduler; QueueScheduler.next_timer: only LAS asks)."""
+    if type(policy) is not PolicyStack or policy.plan is not None or policy.calibration is not None:
+        return False
+    q = policy.preemption if policy.preemption is not None else policy.placement
+    return type(q) is QueueScheduler and q.interval is None and not isinstance(q.order, LeastAttained) and \
+        type(policy).next_timer is _TIMER[0] and type(q).next_timer is _TIMER[1]
 
 
 def cannot_start(state: ClusterState, need: int) -> bool:

@@ -2,9 +2,11 @@
 
 - a count that found no room in the free and pausing GPUs is not looked for again until an eviction adds to them
   (`_pass`'s third `Unplaced`), and with no pausing GPUs a job whose own start failed is not looked for there at all;
-- victims' GPUs are added to the pool node by node (`_per_node`), not GPU by GPU.
+- victims' GPUs are added to the pool node by node (`_per_node`), not GPU by GPU;
+- a stack whose pass is a QueueScheduler's, SRTF's preemptive one included, is not asked for a timer after each
+  event (`greedy.never_times`: only LAS, a period or another layer asks for one).
 
-Each replay below is compared with one whose pass rules nothing out and searches every job's room in full."""
+Each replay below is compared with one that does the work left out."""
 
 from __future__ import annotations
 
@@ -54,3 +56,40 @@ def test_per_node_counts_each_node_once_in_first_seen_order():
     assert _per_node(["b", "a", "b", "b", "c", "a"]) == (("b", 3), ("a", 2), ("c", 1))
     assert _per_node(["n0"] * 8) == (("n0", 8),)
     assert _per_node([]) == ()
+
+
+def test_stacks_whose_pass_is_a_queue_schedulers_ask_for_no_timer():
+    from meshsched.greedy import never_times
+    from meshsched.loaders.profiles import installed_handle
+
+    handle = installed_handle()
+    for name in ("sjf", "fifo", "sjf-strict", "srtf", "castor+srtf"):
+        assert never_times(make_policy(name, handle)), name
+    for name in ("las", "srtf@360", "lazer", "castor", "castor+lazer"):  # LAS demotes, a period ticks, Lazer defers
+        assert not never_times(make_policy(name, handle)), name
+
+
+def test_srtf_replays_alike_without_asking_for_timers(monkeypatch):
+    import meshsched.engine as engine_mod
+    import meshsched.greedy as greedy_mod
+
+    def replay(asks: list[int]):
+        original = QueueScheduler.next_timer
+
+        def counted(self, view, now):
+            asks.append(1)
+            return original(self, view, now)
+
+        with monkeypatch.context() as m:
+            m.setattr(QueueScheduler, "next_timer", counted)
+            m.setattr(greedy_mod, "_TIMER", (greedy_mod._TIMER[0], counted))  # (counted, yet the stock one)
+            r = simulate(philly(300).jobs, make_policy("srtf"), perf_model(), v100(2))
+        return r.events, [(e.time, e.job_id, e.message) for e in r.engine.log]
+
+    skipped, asked = [], []
+    lean = replay(skipped)
+    with monkeypatch.context() as m:
+        m.setattr(engine_mod, "never_times", lambda policy: False)  # every event asks the stack for its timer
+        full = replay(asked)
+    assert lean == full
+    assert not skipped and len(asked) >= lean[0]
