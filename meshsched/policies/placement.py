@@ -139,9 +139,7 @@ class Planner:
 
     def take(self, want: int) -> tuple[int, ...] | None:
         """Reserve `want` free GPUs on the fewest nodes; None if they cannot be had that compactly now."""
-        top = self._top  # (`top`, inline: most of a pass's tries end here)
-        if top < 0:
-            top = self._top = max(self._free.values(), default=0)
+        top = self.top()
         if top < want <= self._node_size:
             return None  # (no node has `want` free: most of a pass's tries fail so; `compact` bounds larger jobs)
         plan = self.compact(self._free, want, top)

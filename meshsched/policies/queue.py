@@ -134,7 +134,7 @@ class QueueScheduler:
     _promised: dict[str, None] = field(default_factory=dict, repr=False)
     # SRTF's victims, kept ranked between passes (meshsched.policies.victim_rank); not copied by `replace`
     _victims: RemainingRank = field(default_factory=RemainingRank, init=False, repr=False, compare=False)
-    # victim -> (its GPUs, their nodes), kept between passes (`room_by_eviction`'s memo; checked by the GPUs' tuple)
+    # victim -> (its GPUs, (node, GPUs) pairs), kept between passes (`room_by_eviction`'s memo; checked by the GPUs)
     _nodes_of: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     periodic: bool = field(default=True, init=False)

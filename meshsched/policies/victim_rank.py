@@ -11,9 +11,9 @@ are the ones the state's change log names (`ClusterState.changed_since`; every s
 report touches its job); those are re-read, and anything the log cannot tell rebuilds from scratch.
 
 Successive passes read much the same few jobs (four in five of the jobs read on Philly were read by the pass
-before), so the jobs a pass read are kept apart, keyed again at the next pass's `now` and sorted (the front), and a
-pass reads the front's jobs in runs, as far as the heap's largest bound, instead of one heap pop each; what it did
-not read goes back on the heap with its key (still a bound).
+before), so what a pass handed out is kept apart, keyed again at the next pass's `now` and sorted (the front, as
+many jobs as either of the last two passes read; the rest goes back on the heap), and a pass reads the front's jobs
+in runs, as far as the heap's largest bound, instead of one heap pop each.
 
 The order is exactly `worst_first`'s: (remaining, submit time) descending, and jobs with equal keys in the order
 `view.holding()` lists them (the stable sort's order).
@@ -49,7 +49,7 @@ class RemainingRank:
         self._now = float("-inf")
         self._heap: list = []  # (-remaining, -submit, uid, at, job): the key is exact at `at`, a bound later
         self._live: dict[str, int] = {}  # job id -> uid of its current entry (in the heap or the front)
-        # The entries the last pass read, keyed again at this pass's `now` and sorted (the worst jobs: the likeliest
+        # What the last pass handed out, keyed again at this pass's `now` and sorted (the worst jobs: the likeliest
         # read again), merged with the heap as they are read; `_fi`: the first not handed out yet
         self._front: list = []
         self._fi = 0
@@ -100,7 +100,7 @@ class RemainingRank:
                 if e[3] == now:
                     front.append(e)
                     continue
-                done = j.done_iterations  # (`_neg_key`, inline: this runs for every entry a pass read)
+                done = j.done_iterations  # (`_neg_key`, inline: this runs for every entry a pass handed out)
                 if j.state is _RUNNING and j.step_time > 0:
                     done = min(done + (now - j.progress_time) / j.step_time, spec.iterations)
                 front.append((-((spec.iterations - done) * j.ideal_step_time), e[1], e[2], now, j))
@@ -142,12 +142,9 @@ class RemainingRank:
                 if f is not None and f < e:
                     break
                 return heappop(heap)
-            spec = j.spec  # _neg_key, inlined (this runs for most heap entries a pass reads)
-            done = j.done_iterations
-            if j.state is _RUNNING and j.step_time > 0:
-                done = min(done + (now - j.progress_time) / j.step_time, spec.iterations)
+            r, s = _neg_key(j, now)
             u = live[jid] = next(uid)
-            heapreplace(heap, (-((spec.iterations - done) * j.ideal_step_time), -spec.submit_time, u, now, j))
+            heapreplace(heap, (r, s, u, now, j))
         if f is not None:
             self._fi = fi + 1
         return f
@@ -212,7 +209,7 @@ class _Ranked:
         self._rank, self._view, self._now = rank, view, now
         self._items: list[tuple[tuple, Job]] = []
         self.entries: list = []  # the rank's entries behind `_items`, in the same order
-        self.read = 0  # how many items were read (the rank keys those again at the next pass)
+        self.read = 0  # how many items were read (what the next pass's front is sized by)
         self._done = False
 
     def __iter__(self) -> Iterator[tuple[tuple, Job]]:
