@@ -60,19 +60,23 @@ def multi_user_line(config: DaemonConfig) -> str | None:
     return f"multi-user: {who} may submit; operators: {operators}"
 
 
-async def serve(config: DaemonConfig) -> None:
+async def serve(config: DaemonConfig) -> str | None:
+    """Serve until SIGTERM/SIGINT (None) or until the daemon asks to start again in place (the reason)."""
     daemon = NodeDaemon(config)
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, daemon.leave.set)
     async with daemon:
         print(f"meshd: serving {config.api_socket} (policy {config.policy}, state {config.state_dir})",
               file=sys.stderr, flush=True)
         if multi_user_line(config):
             print(f"meshd: {multi_user_line(config)}", file=sys.stderr, flush=True)
-        await stop.wait()
+        await daemon.leave.wait()
+    if daemon.restart_reason is not None:
+        print(f"meshd: restarting: {daemon.restart_reason}", file=sys.stderr, flush=True)
+        return daemon.restart_reason
     print("meshd: stopped (running jobs keep running and are re-adopted on the next start)", file=sys.stderr)
+    return None
 
 
 def run(config: DaemonConfig) -> None:
@@ -83,11 +87,15 @@ def run(config: DaemonConfig) -> None:
     else:
         runner = uvloop.run
     try:
-        runner(serve(config))
+        restart = runner(serve(config))
     except ConfigError as exc:  # found at start-up (a reserve that leaves nothing, ...): as load_config's
         config_error(exc)
     except (RuntimeError, OSError) as exc:  # another meshd holds the dirs, corrupt journal, full disk, ...
         sys.exit(f"meshd: error: {exc}")
+    if restart is not None:  # the same PID, arguments and environment (systemd sees a reload: RELOADING, READY)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, sys.orig_argv)
 
 
 def config_error(exc: ConfigError) -> None:

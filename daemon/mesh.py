@@ -22,9 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -58,6 +56,7 @@ from meshsched.daemon.eventlog import (
 )
 from meshsched.daemon.mesh_batch import LocalProposals, log_entries, take_batch, trace
 from meshsched.daemon.mesh_node import MeshReplica
+from meshsched.daemon.mesh_outbox import OutboxFile
 
 from meshsched import events as ev
 from meshsched.state import Node
@@ -77,6 +76,7 @@ class LinkContext:
     nodes: Callable[[], dict[str, Node]]  # the engine's nodes (the leader declares the missing ones lost)
     addresses: dict[str, str]  # node -> where its ranks are reached (filled from the log's NodeJoined entries)
     outbox: Path | None = None  # the durable outbox (default: the replica's `outbox_path`; none: memory only)
+    restart: Callable[[str], None] | None = None  # restart meshd (the reason): the log was compacted past this node
 
 
 class MeshLink:
@@ -92,6 +92,7 @@ class MeshLink:
         self.head = 0  # the newest log entry a listing or the watch showed (inf: unknown, since a fence)
         self.durable = ctx.applied  # actions carried out up to here (journaled)
         self.synced = False  # the log has been replayed since this meshd started
+        self.lagged = False  # the log was compacted past this running node: it waits for its restart (`_lagged`)
         self.term: int | None = None
         self.leader: str | None = None
         self.leaderships = 0  # times this node became leader
@@ -116,8 +117,7 @@ class MeshLink:
         self.fences = 0  # times this node fenced itself
         self.probe_interval = min(1.0, config.loop_wait)  # seconds between reads of the members (`_prove_alive`)
         self._alive_at = time.monotonic()  # when the newest read that found this node's member entry was sent
-        self._outbox_file = ctx.outbox or getattr(replica, "outbox_path", None)
-        self._outbox_fd: int | None = None
+        self._outbox_file = OutboxFile(ctx.outbox or getattr(replica, "outbox_path", None))
         self._open_outbox()
 
     # ---------------------------------------------------------------- lifecycle
@@ -130,9 +130,7 @@ class MeshLink:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._disarm()
-        if self._outbox_fd is not None:
-            os.close(self._outbox_fd)
-            self._outbox_fd = None
+        self._outbox_file.close()
         try:
             await self.coord.close(release=True)
         except CoordinatorError as exc:
@@ -194,12 +192,26 @@ class MeshLink:
             await self._load_snapshot()
         keys = sorted((k for k in listing.items if index_of(k) > self.position), key=index_of)
         self.head = max(map(index_of, listing.items), default=self.position)
-        if keys and index_of(keys[0]) > self.position + 1:
-            LOG.error("mesh: the log starts at entry %d, past this node's position %d (compacted while this node "
-                      "lagged): restart meshd to load the newest snapshot", index_of(keys[0]), self.position)
+        if keys and index_of(keys[0]) > self.position + 1 and self._lagged(index_of(keys[0])):
+            return listing.revision
         for key in keys:
             self._apply_text(index_of(key), listing.items[key])
         return listing.revision
+
+    def _lagged(self, first: int) -> bool:
+        """The log starts at `first`, past this node's position: the leader compacted it while this node lagged (a
+        stall or a partition shorter than node_grace, across two snapshots). A running node stops applying (the
+        entries after the gap would act on a state they do not follow) and holds its launches; meshd restarts
+        itself (`ctx.restart`), loads the newest snapshot and reconciles its runs with it, as after any restart.
+        At start (no snapshot loads, so a restart would find the same) the entries after the gap are applied."""
+        restart = self.synced and self.ctx.restart is not None
+        LOG.error("mesh: the log starts at entry %d, past this node's position %d (compacted while this node lagged): "
+                  "%s", first, self.position, "restarting meshd to load the newest snapshot" if restart else
+                  "restart meshd to load the newest snapshot")
+        if restart and not self.lagged:
+            self.lagged = self.replica.holding = True
+            self.ctx.restart(f"the mesh's log was compacted past this node's position {self.position}")
+        return restart
 
     async def _load_snapshot(self) -> None:
         heads = await self.coord.list(SNAPSHOTS)
@@ -219,7 +231,7 @@ class MeshLink:
         install_model(snap, self.replica, lambda line: LOG.error("mesh: %s", line))  # Lazer's model, not refitted
 
     async def _follow(self, revision: int) -> None:
-        while True:
+        while not self.lagged:
             try:
                 async for change in self.coord.watch("log/", since=revision):
                     revision = change.revision
@@ -229,6 +241,8 @@ class MeshLink:
                         if index > self.position + 1:  # a gap: fill it from a listing
                             revision = await self._retry(self._catch_up)
                             break
+                        if self.lagged:  # (a relisting after a fence found the log compacted past it)
+                            return
                         self._apply_text(index, change.value)
                 return
             except WatchCompacted as exc:  # the leader compacted etcd's history past this watch (after a snapshot)
@@ -239,7 +253,7 @@ class MeshLink:
                 revision = await self._retry(self._catch_up)
 
     def _apply_text(self, index: int, text: str) -> None:
-        if index <= self.position:
+        if index <= self.position or self.lagged:
             return
         self._since_snapshot[0] += 1  # every entry the log holds counts (a second copy, an unreadable one too):
         self._since_snapshot[1] += len(text)  # each takes a key and a joining node's replay
@@ -255,7 +269,7 @@ class MeshLink:
         engine still places here start (`MeshReplica.release_held`); at the head nothing waits."""
         release = getattr(self.replica, "release_held", None)  # (a benchmark's double runs no processes)
         if release is not None:
-            self.replica.holding = behind = self.fenced_at is not None or index < self.head
+            self.replica.holding = behind = self.fenced_at is not None or index < self.head or self.lagged
             if after and not behind:
                 release()
 
@@ -338,48 +352,19 @@ class MeshLink:
         seq = f"{time.time_ns():020d}{next(self._seq) % 1000:03d}"  # grows across restarts of this node
         key, value = f"proposals/{self.node}/{seq}", Entry(event, self.node, run=run, record=record).to_json()
         if not isinstance(event, LEADER_ONLY):  # a next leader decides those again; stale later, never replayed
-            self._outbox_write({"key": key, "value": value})
+            self._outbox_file.write({"key": key, "value": value})
         trace("propose", key, event=event)
         self._outbox.append((key, value))
         self._wake.set()
 
     def _open_outbox(self) -> None:
         """Take back the proposals a previous meshd left in the outbox file, in their order."""
-        path = self._outbox_file
-        if path is None:
-            return
-        pending: dict[str, str] = {}
-        try:
-            lines = path.read_text().splitlines()
-        except FileNotFoundError:
-            lines = []
-        for line in lines:
-            try:
-                item = json.loads(line)
-                if "done" in item:
-                    pending.pop(item["done"], None)
-                else:
-                    pending[str(item["key"])] = str(item["value"])
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut short by a crash: its proposal was never acknowledged
+        pending = self._outbox_file.take_back()
         self._outbox.extend(pending.items())
         if pending:
             self._wake.set()
             LOG.info("mesh: %d proposal(s) from the outbox of the last meshd proposed again", len(pending))
-        self._outbox_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._outbox_rewrite()
-
-    def _outbox_write(self, item: dict) -> None:
-        if self._outbox_fd is not None:
-            os.write(self._outbox_fd, (json.dumps(item, separators=(",", ":")) + "\n").encode())
-
-    def _outbox_rewrite(self) -> None:
-        """The file holds exactly the outbox again (at start; and emptied whenever the outbox is)."""
-        if self._outbox_fd is None:
-            return
-        os.ftruncate(self._outbox_fd, 0)
-        for key, value in self._outbox:
-            self._outbox_write({"key": key, "value": value})
+        self._outbox_file.rewrite(self._outbox)
 
     async def _flush(self) -> None:
         while True:
@@ -400,9 +385,9 @@ class MeshLink:
                     continue
                 self._outbox.popleft()
                 if self._outbox:
-                    self._outbox_write({"done": key})
+                    self._outbox_file.write({"done": key})
                 else:
-                    self._outbox_rewrite()
+                    self._outbox_file.rewrite(self._outbox)
 
     # ---------------------------------------------------------------- fencing
 

@@ -85,6 +85,8 @@ class NodeDaemon:
         self._stack = AsyncExitStack()
         self._timer: asyncio.TimerHandle | None = None
         self._closed = asyncio.Event()
+        self.leave = asyncio.Event()  # set to stop serving (main's SIGTERM/SIGINT, or a restart below)
+        self.restart_reason: str | None = None  # why meshd should start again in place once closed (main execs)
         self._notifier = Notifier()
         self.channel = JobChannel()  # the job socket's: SDK jobs, directives for rank 0, throughput reports
         self.sdk_jobs, self.directives, self.throughput = (self.channel.sdk_jobs, self.channel.directives,
@@ -209,7 +211,7 @@ class NodeDaemon:
         self.replica.gate(self._handlers)  # launches wait while this node is behind the log's head (the loop's table)
         link = LinkContext(cfg.node_name, cfg.mesh_address or cfg.node_name,
                            tuple(g.name for g in self.gpus.inventory()), self.journal.applied(),
-                           lambda: engine.state.nodes, addresses)
+                           lambda: engine.state.nodes, addresses, restart=self.restart)
         self.mesh = MeshLink(link, self.replica, open_coordinator(cfg.coordinator, cfg.node_name), cfg.coordinator,
                              cfg.node_grace)
         self.loop.mesh = self.mesh
@@ -234,12 +236,20 @@ class NodeDaemon:
             await self._closed.wait()
             return
         self.status = Status.CLOSING
-        self._notifier.send("STOPPING=1")
+        self._notifier.send(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}" if self.restart_reason
+                            else "STOPPING=1")  # (a restart in place: the same PID sends READY=1 again)
         try:
             await self._stack.aclose()
         finally:
             self.status = Status.CLOSED
             self._closed.set()
+
+    def restart(self, reason: str) -> None:
+        """Stop serving and start again in place (`daemon.main` execs meshd once this daemon is closed): the way back
+        for a state only a fresh start rebuilds. Jobs keep running and are re-adopted, as after any restart."""
+        if self.restart_reason is None:
+            self.restart_reason = reason
+        self.leave.set()
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
