@@ -188,7 +188,7 @@ class MeshLink:
         """Apply what the log holds past this node's position; at start, from the newest snapshot that loads. The
         log is listed first: compaction deletes only entries up to a snapshot older than the newest."""
         listing = await self.coord.list("log/")
-        if self.position == 0:
+        if self.position == 0 and not self.synced:  # (a running node loads one only by restarting: `_lagged`)
             await self._load_snapshot()
         keys = sorted((k for k in listing.items if index_of(k) > self.position), key=index_of)
         self.head = max(map(index_of, listing.items), default=self.position)
