@@ -14,7 +14,8 @@ before that (stops its ranks, checkpointing where it can) and follows the log on
 snapshot (`snapshots/{index}`: the engine's state and meshd's beside it) and deletes the log entries up to the
 previous snapshot and every snapshot older than that, then compacts etcd's history to the snapshot's
 revision (a watch from before it lists again); a starting node loads the newest snapshot that decodes
-(one it cannot read is refused in one line and the next older tried) and replays only the entries after it.
+(one it cannot read is refused in one line and the next older tried) and replays only the entries after it; a
+running node that finds the log compacted past its position restarts itself in place to do the same (`_lagged`).
 """
 
 from __future__ import annotations
