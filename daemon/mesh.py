@@ -242,8 +242,6 @@ class MeshLink:
                         if index > self.position + 1:  # a gap: fill it from a listing
                             revision = await self._retry(self._catch_up)
                             break
-                        if self.lagged:  # (a relisting after a fence found the log compacted past it)
-                            return
                         self._apply_text(index, change.value)
                 return
             except WatchCompacted as exc:  # the leader compacted etcd's history past this watch (after a snapshot)
@@ -254,7 +252,7 @@ class MeshLink:
                 revision = await self._retry(self._catch_up)
 
     def _apply_text(self, index: int, text: str) -> None:
-        if index <= self.position or self.lagged:
+        if index <= self.position or self.lagged:  # (lagged: a listing found the log compacted past this node)
             return
         self._since_snapshot[0] += 1  # every entry the log holds counts (a second copy, an unreadable one too):
         self._since_snapshot[1] += len(text)  # each takes a key and a joining node's replay
