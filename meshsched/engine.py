@@ -10,14 +10,13 @@ Nothing here reads a clock or does I/O: `now` is passed in.
 from __future__ import annotations
 
 import operator
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import fields
-from typing import NamedTuple
 
 from meshsched import admission
 from meshsched import events as ev
 from meshsched.actions import Action, FitModel, Kill, Launch, Preempt, Reconfigure
+from meshsched.decision_log import DecisionLog, LogEntry
 from meshsched.drain import Drains
 from meshsched.engine_recovery import RecoveryHandlers, fmt_gpus
 from meshsched.estimate import StepTimeEstimator, ideal_step_time, step_time_where
@@ -25,7 +24,7 @@ from meshsched.faults import FaultDomains, FaultHooks
 from meshsched.jobcontrol import TIME_LIMIT, JobControl, QueueHooks, controlled
 from meshsched.policies import base as pb
 from meshsched.policies.base import ClusterView, Defer, Evict, Remember, RequestFit, Start, Trigger, Wait
-from meshsched.greedy import cannot_start, is_greedy, never_times, stock_pass
+from meshsched.greedy import cannot_start, is_greedy, never_times, none_can_start, stock_pass
 from meshsched.policies.queue import QueueScheduler
 from meshsched.policies.stack import PolicyStack
 from meshsched.state import ClusterState, ExecConfig, Job, JobSpec, JobState
@@ -37,18 +36,6 @@ _BATCHED = {ev.JobSubmitted, ev.CancelRequested}  # the events `Engine.handle_ma
 _QUEUE_KEPT = frozenset({ev.JobStarted, ev.IterationReport, ev.RankReport})  # no job joins the queue, no GPU frees
 _NODE_EVENTS = frozenset({ev.NodeJoined, ev.NodeLost})  # the state logs these itself (`ClusterState.touch_nodes`)
 _SPEC_REST = operator.attrgetter(*(f.name for f in fields(JobSpec) if f.name != "job_id"))  # a spec but its id
-
-
-class LogEntry(NamedTuple):
-    """One line of the decision log (a named tuple: the engine writes two or three per event)."""
-
-    time: float
-    stimulus_id: str
-    job_id: str
-    message: str
-
-
-_entry = tuple.__new__  # LogEntry(...) without its Python-level __new__ (two or three per event)
 
 
 class Engine(RecoveryHandlers):
@@ -63,7 +50,7 @@ class Engine(RecoveryHandlers):
         self.policy = policy
         self.estimator = estimator
         self.state = state or ClusterState()
-        self.log: deque[LogEntry] = deque(maxlen=log_size)
+        self.log = DecisionLog(maxlen=log_size)
         self.waiting = WaitQueue()  # the policy's queue (jobs job control keeps out are not in it)
         self._active: dict[str, Job] = {}  # jobs holding GPUs
         self.timers = Timers()  # the one timer the engine arms: the policy's, deferrals, job control's times
@@ -123,7 +110,11 @@ class Engine(RecoveryHandlers):
                 trigger = Trigger.RELEASE  # jobs whose dependencies were met joined the queue
         if trigger is not None:
             alone = submitted and settled and self._alone_placeable(event.spec)
-            if not (alone and self._starts_nothing(event.spec)):
+            if alone and self._starts_nothing(event.spec):
+                pass  # neither the newcomer nor any other queued job can start
+            elif trigger is Trigger.RELEASE and self._releases_nothing():
+                self._settled = True  # (what the pass would have concluded)
+            else:
                 self._schedule(trigger, now, event.stimulus_id, actions, event.spec.job_id if submitted else None,
                                alone)
         if self._recalibrate:
@@ -193,6 +184,14 @@ class Engine(RecoveryHandlers):
             self._greedy_of, self._greedy_is = p, is_greedy(p)
             self._no_timer = p if never_times(p) else None
         return self._greedy_is
+
+    def _releases_nothing(self) -> bool:
+        """Whether a greedy stack's pass after GPUs came free would decide nothing: no queued GPU count can be
+        placed (`none_can_start`), and no job may hold a partner's settings (`PolicyStack.schedule`'s only other
+        work on a release). About half the finishes of a busy replay free GPUs no queued job can use."""
+        p = self.policy
+        return self._greedy() and not self.state.drained and not p.may_hold_partner_settings and stock_pass(p) and \
+            none_can_start(self.state, self.waiting.sizes)
 
     def _starts_nothing(self, spec: JobSpec) -> bool:
         """Whether the pass after `spec`'s arrival, only it placeable (`_alone_placeable`), would decide nothing."""
@@ -520,7 +519,7 @@ class Engine(RecoveryHandlers):
         actions.append(Launch(job_id, gpus, job.checkpoint_iterations, job.restarts, x))
         job.restarts += 1
         self._changed[job_id] = None  # (`_log`)
-        self.log.append(_entry(LogEntry, (now, stimulus, job_id, f"start on GPUs {fmt_gpus(gpus)}: {d.reason}")))
+        self.log.append((now, stimulus, job_id, f"start on GPUs {fmt_gpus(gpus)}: {d.reason}"))
 
     # ---------------------------------------------------------------- helpers
 
@@ -593,7 +592,7 @@ class Engine(RecoveryHandlers):
         job_id = "" if job is None else job.spec.job_id
         if job is not None:
             self._changed[job_id] = None
-        self.log.append(_entry(LogEntry, (now, stimulus, job_id, message)))
+        self.log.append((now, stimulus, job_id, message))
 
     def _mark(self, job_id: str) -> None:
         """Note a change made without a log line (`take_changed`)."""

@@ -7,7 +7,9 @@ GPUs come free or a job joins the queue other than by arriving, every later pass
 to start on the same free GPUs, so an arrival's pass could start only the newcomer: when the newcomer cannot fit
 either, the pass decides nothing and the engine leaves it out (`Engine._starts_nothing`; a full replay makes
 about one pass per arrival and release, so this is most arrivals of a busy cluster); when it may fit, the pass is
-told (`ClusterView.settled`) and tries the newcomer alone (`QueueScheduler._start_arrived`). Pure functions.
+told (`ClusterView.settled`) and tries the newcomer alone (`QueueScheduler._start_arrived`). Likewise a pass
+after GPUs came free, when no queued GPU count can be placed on the free GPUs (`none_can_start`), decides nothing
+and is left out (`Engine._releases_nothing`). Pure functions.
 """
 
 from __future__ import annotations
@@ -52,3 +54,18 @@ def cannot_start(state: ClusterState, need: int) -> bool:
     if need <= state.largest_node:
         return need > max(free.values(), default=0)
     return need > total
+
+
+
+def none_can_start(state: ClusterState, needs) -> bool:
+    """Whether no job of any of the GPU counts `needs` can be placed on the free GPUs now: `cannot_start` for
+    each, a count larger than one node also ruled out when as few nodes as it needs cannot hold it (the first
+    test of `Planner.compact`; counts it passes may still not fit: then this says they may)."""
+    free, total = state.free_summary()
+    if not free:
+        return True
+    top, largest = max(free.values()), state.largest_node
+    for need in needs:  # (top <= largest: a count up to top fits one node)
+        if need <= top or (largest < need <= total and -(-need // largest) * top >= need):
+            return False
+    return True

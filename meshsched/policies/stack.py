@@ -69,6 +69,11 @@ class PolicyStack:
     # set again by a decision that squeezes one; so a stack that never shares never looks.
     _squeezed: bool = field(default=True, init=False, repr=False, compare=False)
 
+    @property
+    def may_hold_partner_settings(self) -> bool:
+        """Whether a job may still hold a partner's settings (`meshsched.policies.solo`: a release's pass looks)."""
+        return self._squeezed
+
     def queue_key(self, job: Job) -> tuple:
         owner = self.preemption if self.preemption is not None else self.placement
         return owner.queue_key(job)

@@ -148,10 +148,13 @@ def _replay(jobs: Sequence[JobSpec], engine: Engine, world: SimWorld, gate: Step
     # its full collections re-read every job, spec and log line kept, again each time they grew by a quarter (three
     # times in an SJF replay of Philly). The young generations are collected every 262,144 events instead, so a
     # cycle made on the way is still freed, and after a long replay a full collection runs before it returns: the
-    # collector would otherwise run one at the caller's next allocation, and its cost is the replay's.
+    # collector would otherwise run one at the caller's next allocation, and its cost is the replay's. What the
+    # process held before the replay (the trace's jobs among it) is frozen meanwhile (gc.freeze): that collection
+    # reads only what the replay made, and the old objects go back to the oldest generation after it.
     paused, collect_at = gc.isenabled(), _YOUNG_EVERY
     if paused:
         gc.disable()
+        gc.freeze()
     try:
         while (item := pop()) is not None:
             now, event = item
@@ -205,6 +208,7 @@ def _replay(jobs: Sequence[JobSpec], engine: Engine, world: SimWorld, gate: Step
             gc.enable()
             if count >= _YOUNG_EVERY // 4:  # (a short replay leaves little for the collector)
                 gc.collect()
+            gc.unfreeze()
     return count
 
 

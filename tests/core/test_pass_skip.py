@@ -1,4 +1,5 @@
-"""The engine leaves out a greedy stack's arrival pass only when that pass would decide nothing (meshsched.greedy),
+"""The engine leaves out a greedy stack's arrival pass, and its pass after GPUs came free, only when that pass would
+decide nothing (meshsched.greedy),
 an arrival's pass after a settled queue tries the newcomer alone (ClusterView.settled, QueueScheduler._start_arrived),
 and SJF's pass reads the queue by GPU count instead of walking it (QueueScheduler._start_by_need): the same events
 give the same actions, decision log and job outcomes as every pass walking the whole queue, on random small
@@ -21,9 +22,10 @@ from tests.support.workload import record
 
 
 def _counting(monkeypatch) -> list[int]:
-    """Count the passes the engine leaves out and the arrival passes that tried the newcomer alone (both on)."""
-    skipped = [0, 0]
-    real, alone = Engine._starts_nothing, QueueScheduler._start_arrived
+    """Count the arrival passes the engine leaves out, the arrival passes that tried the newcomer alone and the
+    release passes left out (all on)."""
+    skipped = [0, 0, 0]
+    real, alone, released = Engine._starts_nothing, QueueScheduler._start_arrived, Engine._releases_nothing
 
     def counted(self, spec):
         out = real(self, spec)
@@ -34,8 +36,14 @@ def _counting(monkeypatch) -> list[int]:
         skipped[1] += 1
         return alone(self, view, cycle, job_id)
 
+    def left_out(self):
+        out = released(self)
+        skipped[2] += out
+        return out
+
     monkeypatch.setattr(Engine, "_starts_nothing", counted)
     monkeypatch.setattr(QueueScheduler, "_start_arrived", tried)
+    monkeypatch.setattr(Engine, "_releases_nothing", left_out)
     return skipped
 
 
@@ -43,6 +51,7 @@ def _never(monkeypatch) -> None:
     """Every pass run, each walking the whole queue (no index by GPU count: QueueScheduler._start_by_need; no
     newcomer tried alone: the view is never settled)."""
     monkeypatch.setattr(Engine, "_starts_nothing", lambda self, spec: False)
+    monkeypatch.setattr(Engine, "_releases_nothing", lambda self: False)
     monkeypatch.setattr(Engine, "_alone_placeable", lambda self, spec: False)
     monkeypatch.setattr(ClusterView, "queue_by_need", lambda self: None)
 
@@ -60,7 +69,7 @@ def test_workload_same_actions_with_and_without_the_skip(monkeypatch, seed):
     with monkeypatch.context() as m:
         _never(m)
         full = record("sjf", seed, 90)
-    assert skipped[0] > 0 and skipped[1] > 0  # the workload exercises the skip and the newcomer tried alone
+    assert min(skipped) > 0  # the workload exercises both skips and the newcomer tried alone
     assert [repr(a) for a in fast.actions] == [repr(a) for a in full.actions]
     assert list(fast.engine.log) == list(full.engine.log)
     assert _outcome(fast.engine) == _outcome(full.engine)
@@ -88,7 +97,7 @@ def test_replay_same_log_with_and_without_the_skip(monkeypatch, seed):
     with monkeypatch.context() as m:
         _never(m)
         full = simulate(jobs, make_policy("sjf", installed_handle()), perf, cluster)
-    assert skipped[0] > 0 and skipped[1] > 0
+    assert min(skipped) > 0
     assert fast.events == full.events
     assert list(fast.engine.log) == list(full.engine.log)
     assert _outcome(fast.engine) == _outcome(full.engine)
@@ -100,3 +109,25 @@ def test_no_skip_under_a_stack_that_is_not_greedy(monkeypatch):
         eng = Engine(make_policy(name, installed_handle()), None)  # type: ignore[arg-type]
         assert not eng._greedy()
     assert Engine(make_policy("sjf", installed_handle()), None)._greedy()  # type: ignore[arg-type]
+
+
+def test_no_count_can_start_is_exact_for_one_node_and_bounded_across_nodes():
+    """`none_can_start`: a count up to one node fits where a node has that many free; a larger one is ruled out
+    when it is over the free total, or when as few nodes as it needs cannot hold it even at the fullest node's
+    count; otherwise it may fit (the pass decides)."""
+    from meshsched.greedy import none_can_start
+    from meshsched.state import ClusterState, NodeSpec
+
+    state = ClusterState()
+    for n in ("a", "b", "c"):
+        state.add_node(NodeSpec(n, 8, "v100", 32_000))
+    assert not none_can_start(state, [8]) and not none_can_start(state, [24]) and none_can_start(state, [25])
+    state.assign("x", tuple(range(0, 2)))  # a: 6 free
+    state.assign("y", tuple(range(8, 10)))  # b: 6 free
+    state.assign("z", tuple(range(16, 18)))  # c: 6 free (18 in all)
+    assert none_can_start(state, [7, 16])  # no node has 7; 16 needs 2 nodes, which hold 12 at most
+    assert not none_can_start(state, [7, 12])  # 12 fits on two nodes of 6
+    assert not none_can_start(state, [16, 6])
+    assert none_can_start(state, [19, 40]) and none_can_start(state, [])
+    state.assign("w", tuple(range(2, 8)) + tuple(range(10, 16)) + tuple(range(18, 24)))
+    assert none_can_start(state, [1])  # nothing free
