@@ -8,6 +8,7 @@ lean parser accepts exactly these.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import typer
@@ -243,3 +244,15 @@ def daemon(ctx: typer.Context) -> None:
 simulate.register(app)
 admin.register(app)  # drain, resume
 app.add_typer(profiles.app, name="profiles")
+
+
+def _unwrapped(doc: str) -> str:
+    """A command's docstring as --help shows it: its paragraphs kept, the line breaks inside each joined (rich
+    prints every newline of a help text, so a docstring wrapped for the source came out ragged at any width)."""
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n"))
+
+
+for _cmd in (*app.registered_commands, *profiles.app.registered_commands):
+    if _cmd.help is None and _cmd.callback is not None and _cmd.callback.__doc__:
+        _cmd.help = _unwrapped(_cmd.callback.__doc__)
+

@@ -9,6 +9,7 @@ import pytest
 import typer.models
 from meshsched.cli import jobs
 from meshsched.cli.app import app
+from meshsched.cli.profiles import app as profiles_app
 from meshsched.cli.client import _dechunk
 from meshsched.cli.fast import COMMANDS, parse
 from meshsched.cli.main import main
@@ -84,3 +85,18 @@ def test_help_and_usage_errors_come_from_typer(capsys):
 
 def test_dechunk():
     assert _dechunk(b"4\r\nWiki\r\n6;x=1\r\npedia \r\n0\r\n\r\n") == b"Wikipedia "
+
+
+def test_help_paragraphs_wrap_at_the_terminal_not_at_the_source():
+    """A docstring's line breaks are the source's, not paragraphs: --help joins them, so a paragraph wraps only
+    where the terminal ends (rich printed each one, leaving lines cut short mid-sentence at any width)."""
+    def lines(*argv: str) -> list[str]:
+        out = CliRunner().invoke(app, list(argv), env={"COLUMNS": "300"}).output  # (rich reads the width there)
+        return [line.strip(" │") for line in out.splitlines()]
+
+    assert any("an executable is executed, a script with a #! line runs through it, a .py file" in line
+               for line in lines("--help"))
+    assert any(line.startswith("#MESH lines at the top") and line.endswith("the command line wins over them.")
+               for line in lines("submit", "--help"))
+    for ours in (*app.registered_commands, *profiles_app.registered_commands):
+        assert all("\n" not in p for p in ours.help.split("\n\n")), ours.callback.__name__
