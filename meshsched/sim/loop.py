@@ -119,7 +119,8 @@ def simulate(
     to the engine at its time, before an arrival at the same time; a drain without a resume lasts to the end.
     `durations`: the trace's, in `jobs`' order (`Trace.durations`), for rules with `trace_durations` (sim.durations).
     Python's automatic cyclic collection is paused while it runs (young objects are collected every 262,144 events,
-    everything once at the end of a replay of 65,536 events or more) and left as it was found.
+    everything the replay made once at the end of a replay of 65,536 events or more; what the process held before
+    is frozen meanwhile, gc.freeze) and left as it was found.
     """
     jobs, engine, world, gate = _start(jobs, durations, policy, perf, cluster, interference, mps_share, rules)
     result = SimResult(engine, cluster, 0)
@@ -152,8 +153,10 @@ def _replay(jobs: Sequence[JobSpec], engine: Engine, world: SimWorld, gate: Step
     # process held before the replay (the trace's jobs among it) is frozen meanwhile (gc.freeze): that collection
     # reads only what the replay made, and the old objects go back to the oldest generation after it.
     paused, collect_at = gc.isenabled(), _YOUNG_EVERY
+    frozen = paused and not gc.get_freeze_count()  # (a caller's own frozen objects are left as they are)
     if paused:
         gc.disable()
+    if frozen:
         gc.freeze()
     try:
         while (item := pop()) is not None:
@@ -208,6 +211,7 @@ def _replay(jobs: Sequence[JobSpec], engine: Engine, world: SimWorld, gate: Step
             gc.enable()
             if count >= _YOUNG_EVERY // 4:  # (a short replay leaves little for the collector)
                 gc.collect()
+        if frozen:
             gc.unfreeze()
     return count
 

@@ -51,6 +51,23 @@ def test_the_collector_is_left_as_it_was():
         gc.enable()
 
 
+def test_a_replay_freezes_what_was_there_and_thaws_only_that(monkeypatch):
+    # what the process held before the replay sits out its collections (gc.freeze) and is back after it; a caller's
+    # own frozen objects (a pre-fork server's) stay frozen: the replay then freezes nothing
+    monkeypatch.setattr(loop_mod, "_YOUNG_EVERY", 64)
+    during: list[int] = []
+    stack = make_policy("sjf")
+    simulate(philly(100).jobs, stack, perf_model(), v100(1), after_event=lambda e: during.append(gc.get_freeze_count()))
+    assert min(during) > 0 and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        held = gc.get_freeze_count()
+        simulate(philly(100).jobs, make_policy("sjf"), perf_model(), v100(1))
+        assert gc.get_freeze_count() == held
+    finally:
+        gc.unfreeze()
+
+
 def test_a_long_replay_pays_for_its_collection_before_it_returns(monkeypatch):
     # (the interval made short: a replay "long" for it) the young generations are collected on the way and the whole
     # heap once at the end, inside `simulate`, so nothing the replay left is due at the caller's next allocation
