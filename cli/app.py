@@ -255,4 +255,3 @@ def _unwrapped(doc: str) -> str:
 for _cmd in (*app.registered_commands, *profiles.app.registered_commands):
     if _cmd.help is None and _cmd.callback is not None and _cmd.callback.__doc__:
         _cmd.help = _unwrapped(_cmd.callback.__doc__)
-

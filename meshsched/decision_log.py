@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections import deque
-from functools import partial
 from collections.abc import Iterator
+from functools import partial
 from typing import NamedTuple
 
 
 class LogEntry(NamedTuple):
-    """One line of the decision log (a named tuple: the engine writes two or three per event)."""
+    """One line of the decision log, as read (kept as a plain tuple: `DecisionLog`; two or three per event)."""
 
     time: float
     stimulus_id: str

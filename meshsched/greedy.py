@@ -56,7 +56,6 @@ def cannot_start(state: ClusterState, need: int) -> bool:
     return need > total
 
 
-
 def none_can_start(state: ClusterState, needs) -> bool:
     """Whether no job of any of the GPU counts `needs` can be placed on the free GPUs now: `cannot_start` for
     each, a count larger than one node also ruled out when as few nodes as it needs cannot hold it (the first
