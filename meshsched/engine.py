@@ -24,7 +24,7 @@ from meshsched.faults import FaultDomains, FaultHooks
 from meshsched.jobcontrol import TIME_LIMIT, JobControl, QueueHooks, controlled
 from meshsched.policies import base as pb
 from meshsched.policies.base import ClusterView, Defer, Evict, Remember, RequestFit, Start, Trigger, Wait
-from meshsched.greedy import cannot_start, is_greedy, never_times, none_can_start, stock_pass
+from meshsched.greedy import is_greedy, never_times, none_can_start, stock_pass
 from meshsched.policies.queue import QueueScheduler
 from meshsched.policies.stack import PolicyStack
 from meshsched.state import ClusterState, ExecConfig, Job, JobSpec, JobState
@@ -195,7 +195,7 @@ class Engine(RecoveryHandlers):
 
     def _starts_nothing(self, spec: JobSpec) -> bool:
         """Whether the pass after `spec`'s arrival, only it placeable (`_alone_placeable`), would decide nothing."""
-        return stock_pass(self.policy) and cannot_start(self.state, spec.gpus)
+        return stock_pass(self.policy) and none_can_start(self.state, (spec.gpus,))
 
     def _alone_placeable(self, spec: JobSpec) -> bool:
         """Whether, the queue settled, only the newcomer may start (greedy.py; never with drained GPUs)."""

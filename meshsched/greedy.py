@@ -1,4 +1,4 @@
-"""When the engine may leave out a scheduling pass: the arrival pass of a greedy stack that could start nothing.
+"""When the engine may leave out a greedy stack's pass (at an arrival, or after GPUs came free): it starts nothing.
 
 A greedy stack is a QueueScheduler alone (fifo, sjf, srtf, las, ... non-preemptive, backfilling, run on every
 event, no other layer): its pass only starts queued jobs on free GPUs, in queue order, while they fit (one node,
@@ -47,19 +47,10 @@ def never_times(policy: object) -> bool:
         type(policy).next_timer is _TIMER[0] and type(q).next_timer is _TIMER[1]
 
 
-def cannot_start(state: ClusterState, need: int) -> bool:
-    """Whether a job of `need` GPUs cannot be placed on the free GPUs now (QueueScheduler.try_start fails): no
-    node has `need` free when one node can hold it, else the free GPUs do not add up to it."""
-    free, total = state.free_summary()
-    if need <= state.largest_node:
-        return need > max(free.values(), default=0)
-    return need > total
-
-
 def none_can_start(state: ClusterState, needs) -> bool:
-    """Whether no job of any of the GPU counts `needs` can be placed on the free GPUs now: `cannot_start` for
-    each, a count larger than one node also ruled out when as few nodes as it needs cannot hold it (the first
-    test of `Planner.compact`; counts it passes may still not fit: then this says they may)."""
+    """Whether no job of any of the GPU counts `needs` can be placed on the free GPUs now (QueueScheduler.try_start
+    fails): exact for a count one node can hold (no node has that many free); a larger one is ruled out over the
+    free total or where as few nodes as it needs cannot hold it (`Planner.compact`'s first test), else it may fit."""
     free, total = state.free_summary()
     if not free:
         return True

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from meshsched.greedy import cannot_start
+from meshsched.greedy import none_can_start
 from meshsched.policies.placement import Planner
 from meshsched.state import ClusterState, NodeSpec
 
@@ -40,7 +40,7 @@ def test_best_fit_by_the_fullest_node_matches_the_walk() -> None:
             assert plan.compact(free, want) == _best_fit(free, want), (free, want)
 
 
-def test_cannot_start_matches_a_placement_try() -> None:
+def test_none_can_start_matches_a_placement_try() -> None:
     """Exact for a job one node can hold; for a larger one never "cannot" where it can."""
     rng = random.Random(9)
     for _ in range(200):
@@ -49,9 +49,9 @@ def test_cannot_start_matches_a_placement_try() -> None:
             plan = Planner(state)
             fits = need <= plan.free_total and plan.take(need) is not None
             if need <= state.largest_node:
-                assert cannot_start(state, need) == (not fits), need
-            else:  # several nodes: only the sum is checked (the pass then finds whether they are few enough)
-                assert not (cannot_start(state, need) and fits), need
+                assert none_can_start(state, (need,)) == (not fits), need
+            else:  # several nodes: bounds only (the pass then finds whether as few nodes as it needs hold it)
+                assert not (none_can_start(state, (need,)) and fits), need
 
 
 def test_free_summary_lists_the_nodes_with_a_free_gpu_in_join_order() -> None:
